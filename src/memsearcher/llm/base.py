@@ -1,0 +1,80 @@
+"""The LLM protocol: token ids in, token ids out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from memsearcher.types import FinishReason
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to decode one batch of prompts."""
+
+    max_new_tokens: int = 512
+    """Generation budget per prompt."""
+    temperature: float = 0.0
+    """0 decodes greedily; otherwise sample at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (only when sampling)."""
+    stop: tuple[str, ...] = ()
+    """Generation ends once the generated text contains one of these strings."""
+    seed: int | None = None
+    """Seed for sampling; None leaves the backend's random state alone."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What the model generated for one prompt.
+
+    ``token_ids`` ends with the end-of-sequence token when the model stopped by itself, or with
+    the token that completed a stop string; the stop string stays in the output.
+    """
+
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+
+
+class Tokenizer(Protocol):
+    """The part of a tokenizer the agents need."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, with no special tokens added."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The exact text of ``ids``, special tokens included."""
+        ...
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The model's chat template applied to ``messages``, as text."""
+        ...
+
+
+class LLM(Protocol):
+    """A text generator over token ids; batching is the backend's business."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The longest prompt plus generation the model supports."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]: ...
