@@ -1,0 +1,207 @@
+"""The transformers backend: batched generation with left padding and a KV cache."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.llm.base import Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class HFTokenizer:
+    """A transformers tokenizer seen through the `Tokenizer` protocol."""
+
+    def __init__(self, tokenizer: Any, extra_eos_ids: Sequence[int] = ()) -> None:
+        if tokenizer.chat_template is None:
+            raise MemSearcherError("the tokenizer has no chat template; use an instruct model")
+        self.hf = tokenizer
+        ids = {tokenizer.eos_token_id, *extra_eos_ids} - {None}
+        self._eos_token_ids = frozenset(int(i) for i in ids)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.hf.pad_token_id
+        return int(pad if pad is not None else min(self._eos_token_ids))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(
+            self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+        return str(
+            self.hf.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class HFModel:
+    """An `LLM` over a transformers causal LM, on CPU or one GPU.
+
+    Prompts are sorted by length and generated in chunks of ``batch_size`` so that left padding
+    stays small; results come back in the caller's order.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32) -> None:
+        self.model = model
+        extra_eos = model.generation_config.eos_token_id
+        extra_eos = [extra_eos] if isinstance(extra_eos, int) else list(extra_eos or [])
+        self._tokenizer = HFTokenizer(tokenizer, extra_eos)
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+    ) -> HFModel:
+        """Load an HF folder or hub id (hub ids need network access, which tests never have)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        target = resolve_device(device)
+        if dtype == "auto":
+            # bfloat16 halves GPU memory; CPUs are fastest and exact in float32.
+            torch_dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+        except OSError as error:
+            raise MemSearcherError(f"cannot load model {name_or_path!r}: {error}") from error
+        model.to(target).eval()
+        return cls(model, tokenizer, batch_size=batch_size)
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return self._tokenizer
+
+    @property
+    def max_context_tokens(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.model.device)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Completion | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            completions = self._generate_batch([prompts[i] for i in chunk], params)
+            for i, completion in zip(chunk, completions, strict=True):
+                results[i] = completion
+        return [c for c in results if c is not None]
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        from transformers import GenerationConfig
+
+        pad = self._tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError("cannot generate from an empty prompt")
+            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
+            attention_mask[row, width - len(prompt) :] = 1
+        sampling = params.temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else None,
+            top_p=params.top_p if sampling else None,
+            top_k=0 if sampling else None,  # plain temperature sampling, as vLLM's default
+            eos_token_id=sorted(self._tokenizer.eos_token_ids),
+            pad_token_id=pad,
+        )
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            generation_config=config,
+            stopping_criteria=[_StopStrings(self._tokenizer, params.stop, width)]
+            if params.stop
+            else None,
+        )
+        generated = output[:, width:].tolist()
+        return [self._finish(row, params) for row in generated]
+
+    def _finish(self, tokens: list[int], params: SamplingParams) -> Completion:
+        """Cut one row of batched output where its own generation ended.
+
+        Finished rows are padded with the pad token, which is often the EOS token, so a stop
+        string is looked for first, and only before the first EOS.
+        """
+        eos = self._tokenizer.eos_token_ids
+        first_eos = next((k for k, t in enumerate(tokens) if t in eos), len(tokens))
+        stop_end = self._stop_string_end(tokens[:first_eos], params.stop)
+        if stop_end is not None:
+            return Completion(tuple(tokens[:stop_end]), "stop")
+        if first_eos < len(tokens):
+            return Completion(tuple(tokens[: first_eos + 1]), "stop")
+        return Completion(tuple(tokens), "length")
+
+    def _stop_string_end(self, tokens: list[int], stop: Sequence[str]) -> int | None:
+        """The shortest prefix length of ``tokens`` whose text contains a stop string."""
+
+        def contains_stop(n: int) -> bool:
+            text = self._tokenizer.decode(tokens[:n])
+            return any(s in text for s in stop)
+
+        if not stop or not contains_stop(len(tokens)):
+            return None
+        low, high = 1, len(tokens)  # contains_stop is monotone in the prefix length
+        while low < high:
+            middle = (low + high) // 2
+            if contains_stop(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+
+class _StopStrings:
+    """Stops each row once its generated text contains a stop string.
+
+    transformers' own ``stop_strings`` precomputes tables over the whole vocabulary, which costs
+    tens of seconds per stop set on a CPU; decoding the last few tokens of each row is enough,
+    because a stop string that the newest token completed spans at most ``len(stop)`` tokens.
+    """
+
+    def __init__(self, tokenizer: HFTokenizer, stop: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.window = max(len(s) for s in stop) + 1
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        start = max(self.prompt_width, input_ids.shape[1] - self.window)
+        tails = input_ids[:, start:].tolist()
+        done = [any(s in self.tokenizer.decode(tail) for s in self.stop) for tail in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
