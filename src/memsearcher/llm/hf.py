@@ -87,7 +87,8 @@ class HFModel:
             model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
         except OSError as error:
             raise MemSearcherError(f"cannot load model {name_or_path!r}: {error}") from error
-        model.to(target).eval()
+        model.to(target)  # type: ignore[arg-type]  # transformers wraps .to for PreTrainedModel
+        model.eval()
         return cls(model, tokenizer, batch_size=batch_size)
 
     @property
