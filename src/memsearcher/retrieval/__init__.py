@@ -1,1 +1,85 @@
-"""retrieval"""
+"""Retrieval: corpora, BM25 and dense indexes, and an HTTP server and client.
+
+Every backend implements :class:`Retriever` (``search(queries, top_n)``); :func:`open_retriever`
+turns a user's ``--retriever`` value into one, and :func:`format_hits` is the one place hits are
+written out for the model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.corpus import CorpusError, Passage, read_corpus
+from memsearcher.retrieval.embedded import embedded_corpus_path, load_embedded_retriever
+from memsearcher.retrieval.manifest import IndexFolderError, read_manifest
+from memsearcher.types import Hit
+
+__all__ = [
+    "CorpusError",
+    "IndexFolderError",
+    "Passage",
+    "Retriever",
+    "embedded_corpus_path",
+    "format_hits",
+    "load_embedded_retriever",
+    "load_index",
+    "open_retriever",
+    "read_corpus",
+]
+
+_NEWLINES = re.compile(r"\s*\n\s*")
+
+
+def format_hits(hits: Sequence[Hit]) -> str:
+    """Hits as the model reads them: ``Doc {i} (Title: {title}) {text}``, one line each."""
+    return "\n".join(
+        f"Doc {i} (Title: {hit.title}) {_NEWLINES.sub(' ', hit.text)}"
+        for i, hit in enumerate(hits, start=1)
+    )
+
+
+def _loaders() -> dict[str, Callable[..., Any]]:
+    # imported here: the dense and hybrid loaders pull in faiss and sentence-transformers
+    from memsearcher.retrieval.bm25 import BM25Index
+
+    loaders: dict[str, Callable[..., Any]] = {"bm25": BM25Index.load}
+    try:
+        from memsearcher.retrieval.dense import DenseIndex
+        from memsearcher.retrieval.hybrid import HybridIndex
+
+        loaders["dense"] = DenseIndex.load
+        loaders["hybrid"] = HybridIndex.load
+    except ImportError:  # modules not written yet in this checkout
+        pass
+    return loaders
+
+
+def load_index(path: str | Path, **options: Any) -> Retriever:
+    """Open any index folder, by the kind its manifest names."""
+    manifest = read_manifest(path)
+    loaders = _loaders()
+    kind = manifest["kind"]
+    if kind not in loaders:
+        raise IndexFolderError(f"{path}: unknown index kind {kind!r}; known: {sorted(loaders)}")
+    retriever: Retriever = loaders[kind](path, **options)
+    return retriever
+
+
+def open_retriever(spec: str | None) -> Retriever:
+    """``None``: the embedded BM25; an ``http(s)://`` URL: a retrieval server; else an index
+    folder."""
+    if spec is None:
+        return load_embedded_retriever()
+    if spec.startswith(("http://", "https://")):
+        from memsearcher.retrieval.client import HTTPRetriever
+
+        retriever: Retriever = HTTPRetriever(spec)
+        return retriever
+    if not Path(spec).exists():
+        raise MemSearcherError(f"--retriever {spec}: not a URL and no such index folder")
+    return load_index(spec)

@@ -14,3 +14,11 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
         """For each query, up to ``top_n`` hits, best first."""
         ...
+
+
+def check_search_args(queries: Sequence[str], top_n: int) -> None:
+    """Reject the two classic misuses: one string for a batch, and a non-positive ``top_n``."""
+    if isinstance(queries, str):
+        raise TypeError("queries must be a sequence of strings, not one string")
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+        raise ValueError(f"top_n must be a positive integer, got {top_n!r}")
