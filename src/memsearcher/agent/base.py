@@ -1,0 +1,260 @@
+"""What both agents share: their config, the requests they make, and the episode bookkeeping.
+
+An agent is a pure step machine. An episode asks for one thing at a time (`Generate` or
+`Search`); a driver runs the request and hands back the result. Episodes never call a model or
+a retriever themselves, so one driver can batch many of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
+from memsearcher.agent.prompts import TOOL_NAME, Templates
+from memsearcher.llm.base import Completion, Tokenizer
+from memsearcher.types import EndReason, Hit, QAExample, TokenSequence, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How an agent runs one question."""
+
+    max_turns: int = 5
+    """Turns before the episode is cut (5 in training, 20 in the paper's evaluation)."""
+    memory_tokens: int = 1024
+    """Generation budget of a memory update, and so the memory's size cap (MemSearcher)."""
+    max_new_tokens: int = 512
+    """Generation budget of one action (think, then a tool call or an answer)."""
+    top_n: int = 5
+    """Passages per search when the tool call does not say."""
+    max_top_n: int = 10
+    """Upper bound on a ``top_n`` the model asks for."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "memory_tokens", "max_new_tokens", "top_n", "max_top_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_n > self.max_top_n:
+            raise ValueError(f"top_n ({self.top_n}) exceeds max_top_n ({self.max_top_n})")
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Continue ``prompt_ids`` with the model."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Search:
+    """Run one query against the retriever."""
+
+    query: str
+    top_n: int
+
+
+Request = Generate | Search
+
+ACTION_STOP = ("</tool_call>",)
+MEMORY_STOP = ("</memory>",)
+
+
+@dataclass
+class _Draft:
+    """The turn being built."""
+
+    index: int
+    prompt_tokens: int
+    sequence_index: int
+    generated_tokens: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Episode(ABC):
+    """One agent on one question: the bookkeeping shared by MemSearcher and ReAct.
+
+    It keeps the current training sequence (prompt, response, loss mask), the finished
+    sequences and turns, and how the episode ended. Subclasses decide what comes next.
+    """
+
+    agent_name = "agent"
+
+    def __init__(
+        self,
+        example: QAExample,
+        tokenizer: Tokenizer,
+        config: AgentConfig,
+        templates: Templates,
+        max_context_tokens: int | None,
+    ) -> None:
+        self.example = example
+        self.tokenizer = tokenizer
+        self.config = config
+        self.templates = templates
+        self.max_context_tokens = max_context_tokens
+        self.turns: list[Turn] = []
+        self.sequences: list[TokenSequence] = []
+        self.prompt_ids: list[int] = []
+        self.response_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.draft: _Draft | None = None
+        self.pending: Request | None = None
+        self.end_reason: EndReason | None = None
+        self.answer: str | None = None
+        self.error: str | None = None
+
+    # -- the driver's side ------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    def next_request(self) -> Request | None:
+        """What the episode needs now; None once it has ended."""
+        return None if self.done else self.pending
+
+    @abstractmethod
+    def on_generation(self, completion: Completion) -> None:
+        """Take the model's output for the pending `Generate`."""
+
+    @abstractmethod
+    def on_search(self, hits: Sequence[Hit]) -> None:
+        """Take the retriever's hits for the pending `Search`."""
+
+    def result(self) -> Trajectory:
+        if self.end_reason is None:
+            raise RuntimeError("the episode has not ended yet")
+        return Trajectory(
+            example=self.example,
+            agent=self.agent_name,
+            turns=tuple(self.turns),
+            sequences=tuple(self.sequences),
+            end_reason=self.end_reason,
+            answer=self.answer,
+            error=self.error,
+        )
+
+    # -- helpers for the agents ---------------------------------------------------------------
+
+    def render_prompt(self, messages: Sequence[dict[str, str]]) -> None:
+        """Start a new training sequence whose prompt is ``messages`` in the chat template."""
+        text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        self.prompt_ids = self.tokenizer.encode(text)
+        self.response_ids, self.loss_mask = [], []
+
+    def context_ids(self) -> tuple[int, ...]:
+        return tuple(self.prompt_ids + self.response_ids)
+
+    def request_generation(self, max_new_tokens: int, stop: tuple[str, ...]) -> None:
+        context = self.context_ids()
+        if (
+            self.max_context_tokens is not None
+            and len(context) + max_new_tokens > self.max_context_tokens
+        ):
+            self.end(
+                "context_limit",
+                f"context of {len(context)} tokens plus {max_new_tokens} "
+                f"new ones exceeds the model's {self.max_context_tokens}",
+            )
+            return
+        self.pending = Generate(context, max_new_tokens, stop)
+
+    def take_generation(self, completion: Completion) -> str:
+        """Append generated tokens (mask 1); return their text without a trailing EOS."""
+        ids = list(completion.token_ids)
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        assert self.draft is not None
+        self.draft.generated_tokens += len(ids)
+        while ids and ids[-1] in self.tokenizer.eos_token_ids:
+            ids.pop()
+        return self.tokenizer.decode(ids)
+
+    def insert_user_message(self, content: str) -> None:
+        """Close the assistant message, add a user message, open the next assistant message.
+
+        The glue comes from the model's own chat template, and all of it has loss mask 0.
+        """
+        sentinel = "\x00memsearcher-sentinel\x00"
+        rendered = self.tokenizer.render_chat(
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": sentinel},
+                {"role": "user", "content": content},
+            ],
+            add_generation_prompt=True,
+        )
+        glue = rendered[rendered.index(sentinel) + len(sentinel) :]
+        ids = self.tokenizer.encode(glue)
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+
+    def start_turn(self) -> None:
+        self.draft = _Draft(
+            index=len(self.turns),
+            prompt_tokens=len(self.prompt_ids) + len(self.response_ids),
+            sequence_index=len(self.sequences),
+        )
+
+    def close_turn(self) -> None:
+        assert self.draft is not None
+        draft, self.draft = self.draft, None
+        self.turns.append(
+            Turn(
+                index=draft.index,
+                prompt_tokens=draft.prompt_tokens,
+                generated_tokens=draft.generated_tokens,
+                sequence_index=draft.sequence_index,
+                **draft.fields,
+            )
+        )
+
+    def close_sequence(self) -> None:
+        if self.response_ids:
+            self.sequences.append(
+                TokenSequence(
+                    tuple(self.prompt_ids), tuple(self.response_ids), tuple(self.loss_mask)
+                )
+            )
+        self.prompt_ids, self.response_ids, self.loss_mask = [], [], []
+
+    def end(self, reason: EndReason, error: str | None = None) -> None:
+        """Finish the episode, keeping the partial turn and sequence for training."""
+        if self.draft is not None:
+            if error is not None and reason == "format_error":
+                self.draft.fields["error"] = error
+            self.close_turn()
+        self.close_sequence()
+        self.end_reason, self.error, self.pending = reason, error, None
+
+    def take_action(self, completion: Completion) -> ToolCall | None:
+        """Record an action; end the episode on an answer or a fault, else return the call."""
+        text = self.take_generation(completion)
+        assert self.draft is not None
+        self.draft.fields["action_text"] = text
+        parsed = parse_action(text, tool_name=TOOL_NAME)
+        if isinstance(parsed, ParseFailure):
+            if completion.finish_reason == "length":
+                self.end("length", f"action cut at {self.config.max_new_tokens} tokens")
+            else:
+                self.end("format_error", f"{parsed.kind}: {parsed.detail}")
+            return None
+        self.draft.fields["thought"] = parsed.think
+        if isinstance(parsed.action, FinalAnswer):
+            self.draft.fields["answer"] = parsed.action.answer
+            if completion.finish_reason == "length":
+                self.end("length", f"answer cut at {self.config.max_new_tokens} tokens")
+            else:
+                self.answer = parsed.action.answer
+                self.end("answer")
+            return None
+        call = parsed.action
+        self.draft.fields["query"] = call.query
+        top_n = min(call.top_n or self.config.top_n, self.config.max_top_n)
+        self.pending = Search(call.query, top_n)
+        return call

@@ -1,0 +1,85 @@
+"""Drivers run many episodes against a model and a retriever.
+
+The lockstep driver suits in-process backends: each round, every episode that wants the model
+goes into one batched `generate` call per request shape, and every query of the round goes into
+one batched search.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from memsearcher.agent.base import Episode, Generate, Search
+from memsearcher.llm.base import LLM, SamplingParams
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import Trajectory, Turn
+
+logger = logging.getLogger(__name__)
+
+TurnCallback = Callable[[int, Turn], None]
+
+
+def run_lockstep(
+    episodes: Sequence[Episode],
+    llm: LLM,
+    retriever: Retriever,
+    sampling: SamplingParams,
+    on_turn: TurnCallback | None = None,
+) -> list[Trajectory]:
+    """Run every episode to its end and return their trajectories in order.
+
+    ``sampling`` gives temperature, top-p and the base seed; each episode's request sets the
+    token budget and stop strings. Call k of a run uses seed ``sampling.seed + k`` so that a
+    seeded run is reproducible. ``on_turn(episode_index, turn)`` sees each turn as it closes.
+    """
+    seen_turns = [0] * len(episodes)
+    calls = 0
+
+    def report() -> None:
+        for i, episode in enumerate(episodes):
+            while on_turn is not None and seen_turns[i] < len(episode.turns):
+                on_turn(i, episode.turns[seen_turns[i]])
+                seen_turns[i] += 1
+
+    while True:
+        generations: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
+        searches: list[int] = []
+        for i, episode in enumerate(episodes):
+            request = episode.next_request()
+            if isinstance(request, Generate):
+                generations[(request.max_new_tokens, request.stop)].append(i)
+            elif isinstance(request, Search):
+                searches.append(i)
+        if not generations and not searches:
+            break
+        for (max_new_tokens, stop), members in generations.items():
+            seed = None if sampling.seed is None else sampling.seed + calls
+            params = replace(sampling, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+            prompts = [_generate_request(episodes[i]).prompt_ids for i in members]
+            completions = llm.generate(prompts, params)
+            calls += 1
+            for i, completion in zip(members, completions, strict=True):
+                episodes[i].on_generation(completion)
+        if searches:
+            requests = [_search_request(episodes[i]) for i in searches]
+            results = retriever.search([r.query for r in requests], max(r.top_n for r in requests))
+            for i, request, hits in zip(searches, requests, results, strict=True):
+                episodes[i].on_search(hits[: request.top_n])
+        report()
+    report()
+    return [episode.result() for episode in episodes]
+
+
+def _generate_request(episode: Episode) -> Generate:
+    request = episode.next_request()
+    assert isinstance(request, Generate)
+    return request
+
+
+def _search_request(episode: Episode) -> Search:
+    request = episode.next_request()
+    assert isinstance(request, Search)
+    return request

@@ -1,0 +1,163 @@
+"""Every text the agents show the model, in one place.
+
+The tags (``<think>``, ``<tool_call>``, ``<tool_response>``, ``<memory>``, ``\\boxed{}``) and the
+roles are fixed by the protocol: released checkpoints depend on them. The wording around them is
+ours, and a user can override any template from a YAML or JSON file (`load_templates`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memsearcher.errors import MemSearcherError
+
+TOOL_NAME = "wikipedia_search"
+
+
+def tool_schema(default_top_n: int = 5) -> dict[str, Any]:
+    """The search tool as a JSON function schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Search Wikipedia and return the most relevant passages.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "The search query."},
+                    "top_n": {
+                        "type": "integer",
+                        "description": "How many passages to return.",
+                        "default": default_top_n,
+                    },
+                },
+                "required": ["query"],
+            },
+        },
+    }
+
+
+_ACTIONS = """\
+Answer the question by searching Wikipedia. First think step by step inside <think> </think>. \
+Then do exactly one of:
+- search: <tool_call>{{"name": "wikipedia_search", "arguments": {{"query": "your query"}}}}\
+</tool_call>
+- answer: write the final answer, a short phrase, as \\boxed{{answer}}
+
+Tools:
+<tools>
+{tools}
+</tools>"""
+
+MEMSEARCHER_SYSTEM = (
+    _ACTIONS
+    + """
+
+You see the question and your memory: notes you wrote after earlier searches. After a search \
+you get passages inside <tool_response> </tool_response>. Then rewrite your memory inside \
+<memory> </memory>, keeping every fact that helps answer the question and dropping the rest. \
+Only the question and this memory are kept for the next turn.
+
+Example turn:
+<think> I need to know who wrote Hamlet. </think>
+<tool_call>{{"name": "wikipedia_search", "arguments": {{"query": "Hamlet author"}}}}</tool_call>
+Example final turn:
+<think> My memory says William Shakespeare wrote Hamlet. </think>
+The answer is \\boxed{{William Shakespeare}}"""
+)
+
+REACT_SYSTEM = (
+    _ACTIONS
+    + """
+
+After a search you get passages inside <tool_response> </tool_response>; then continue.
+
+Example turn:
+<think> I need to know who wrote Hamlet. </think>
+<tool_call>{{"name": "wikipedia_search", "arguments": {{"query": "Hamlet author"}}}}</tool_call>
+Example final turn:
+<think> The passages say William Shakespeare wrote Hamlet. </think>
+The answer is \\boxed{{William Shakespeare}}"""
+)
+
+
+@dataclass(frozen=True)
+class Templates:
+    """The texts of both agents; ``{name}`` fields are filled in at run time."""
+
+    memsearcher_system: str = MEMSEARCHER_SYSTEM
+    """MemSearcher's system message; ``{tools}`` is the tool schema as JSON."""
+    memsearcher_user: str = "<question> {question} </question>\n\n<memory> {memory} </memory>"
+    """The one user message of each MemSearcher turn."""
+    memsearcher_tool_response: str = (
+        "<tool_response>\n{passages}\n</tool_response>\n\n"
+        "Now rewrite your memory inside <memory> </memory>: keep the facts that help answer "
+        "the question."
+    )
+    """Search results, and the request to update the memory."""
+    react_system: str = REACT_SYSTEM
+    """The ReAct baseline's system message; ``{tools}`` is the tool schema as JSON."""
+    react_user: str = "<question> {question} </question>"
+    """The ReAct baseline's first user message."""
+    react_tool_response: str = "<tool_response>\n{passages}\n</tool_response>"
+    """Search results in the ReAct conversation."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            text = getattr(self, field.name)
+            if not isinstance(text, str):
+                raise MemSearcherError(f"template {field.name!r} must be a string")
+            try:
+                found = {name for _, name, _, _ in string.Formatter().parse(text) if name}
+            except ValueError as error:
+                raise MemSearcherError(f"template {field.name!r}: {error}") from error
+            unknown = found - _FIELDS[field.name]
+            if unknown:
+                raise MemSearcherError(
+                    f"template {field.name!r} uses unknown fields {sorted(unknown)}; "
+                    f"allowed: {sorted(_FIELDS[field.name])}"
+                )
+
+
+_FIELDS = {
+    "memsearcher_system": {"tools"},
+    "memsearcher_user": {"question", "memory"},
+    "memsearcher_tool_response": {"passages"},
+    "react_system": {"tools"},
+    "react_user": {"question"},
+    "react_tool_response": {"passages"},
+}
+
+
+def load_templates(path: str | Path | None = None) -> Templates:
+    """The default templates, with any fields a YAML or JSON file overrides."""
+    if path is None:
+        return Templates()
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise MemSearcherError(f"cannot read templates file {path}: {error}") from error
+    import yaml  # YAML is a superset of JSON, so one loader reads both
+
+    try:
+        overrides = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise MemSearcherError(f"{path} is not valid YAML or JSON: {error}") from error
+    if not isinstance(overrides, dict):
+        raise MemSearcherError(f"{path} must hold a mapping of template names to texts")
+    unknown = set(overrides) - set(_FIELDS)
+    if unknown:
+        raise MemSearcherError(
+            f"{path}: unknown templates {sorted(unknown)}; known: {sorted(_FIELDS)}"
+        )
+    return Templates(**overrides)
+
+
+def format_tools(default_top_n: int) -> str:
+    return json.dumps(tool_schema(default_top_n), ensure_ascii=False)
