@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
+from memsearcher.ask import add_ask_command
 from memsearcher.errors import MemSearcherError
 
 
@@ -23,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Each entry adds one sub-command whose parser sets `func` (args -> exit code).
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_ask_command]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # read by huggingface_hub and transformers when they are first imported
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return int(args.func(args) or 0)
     except MemSearcherError as error:

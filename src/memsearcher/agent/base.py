@@ -225,8 +225,10 @@ class Episode(ABC):
 
     def end(self, reason: EndReason, error: str | None = None) -> None:
         """Finish the episode, keeping the partial turn and sequence for training."""
+        if self.draft is not None and "action_text" not in self.draft.fields:
+            self.draft = None  # ended before the model acted: no turn took place
         if self.draft is not None:
-            if error is not None and reason == "format_error":
+            if error is not None:
                 self.draft.fields["error"] = error
             self.close_turn()
         self.close_sequence()

@@ -1,0 +1,267 @@
+"""Agent mechanics: turns, masks, memory cap, turn limit, batching.
+
+The model side is `ScriptedLLM` with the replay policy (the untrained 135M model rarely writes a
+tool call, so it cannot reach these paths); the tokenizer, chat template and BM25 index are the
+real embedded ones. `test_end_to_end.py` runs the same checks with the real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.agent.prompts import format_tools
+from memsearcher.agent.replay import search_then_answer
+from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.llm.hf import HFModel
+from memsearcher.llm.scripted import Reply, ScriptedLLM
+from memsearcher.retrieval import format_hits
+from memsearcher.retrieval.base import Retriever
+from memsearcher.rl.rewards import trajectory_reward
+from memsearcher.types import QAExample, Trajectory
+
+QUESTIONS = [
+    QAExample("q1", "Who wrote Hamlet?", ("William Shakespeare",)),
+    QAExample("q2", "What is the capital of France?", ("Paris",)),
+    QAExample("q3", "Who painted the Mona Lisa?", ("Leonardo da Vinci",)),
+]
+
+
+class Recording:
+    """Wraps an LLM and keeps every call's prompts, params and completions."""
+
+    def __init__(self, llm: ScriptedLLM | HFModel) -> None:
+        self.llm = llm
+        self.calls: list[tuple[list[tuple[int, ...]], SamplingParams, list[Completion]]] = []
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.llm.tokenizer
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.llm.max_context_tokens
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        completions = self.llm.generate(prompts, params)
+        self.calls.append(([tuple(p) for p in prompts], params, completions))
+        return completions
+
+
+class CountingRetriever:
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.batches: list[list[str]] = []
+
+    def search(self, queries: Sequence[str], top_n: int) -> list[list]:
+        self.batches.append(list(queries))
+        return self.inner.search(queries, top_n)
+
+
+def run(
+    agent: str,
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    reply: Reply,
+    config: AgentConfig,
+    examples: Sequence[QAExample] = QUESTIONS,
+    max_context_tokens: int = 8192,
+) -> tuple[list[Trajectory], Recording]:
+    llm = Recording(ScriptedLLM(tokenizer, reply, max_context_tokens))
+    episodes = start_episodes(agent, examples, tokenizer, config, None, max_context_tokens)
+    return run_lockstep(episodes, llm, retriever, SamplingParams()), llm
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llm: HFModel) -> Tokenizer:
+    return llm.tokenizer
+
+
+def memsearcher_conversation(tokenizer: Tokenizer, trajectory: Trajectory, t: int) -> str:
+    """Turn t of a MemSearcher trajectory, rendered from messages by the chat template."""
+    templates, turn = Templates(), trajectory.turns[t]
+    memory_before = trajectory.turns[t - 1].memory if t > 0 else ""
+    messages = [
+        {"role": "system", "content": templates.memsearcher_system.format(tools=format_tools(5))},
+        {
+            "role": "user",
+            "content": templates.memsearcher_user.format(
+                question=trajectory.example.question, memory=memory_before
+            ),
+        },
+    ]
+    if turn.query is None:  # the answer turn: generation ends with the EOS token
+        return tokenizer.render_chat(messages, True) + turn.action_text + "<|im_end|>"
+    messages += [
+        {"role": "assistant", "content": turn.action_text},
+        {
+            "role": "user",
+            "content": templates.memsearcher_tool_response.format(passages=format_hits(turn.hits)),
+        },
+    ]
+    return tokenizer.render_chat(messages, True) + (turn.memory_text or "")
+
+
+def test_memsearcher_turns_masks_and_decoding(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    reply = search_then_answer(searches=2, answer="William Shakespeare")
+    trajectories, llm = run("memsearcher", tokenizer, retriever, reply, AgentConfig())
+    generated = [c.token_ids for _, _, completions in llm.calls for c in completions]
+    for trajectory in trajectories:
+        assert trajectory.end_reason == "answer" and trajectory.answer == "William Shakespeare"
+        assert len(trajectory.turns) == 3 and len(trajectory.sequences) == 3
+        assert [t.query for t in trajectory.turns] == [
+            f"{trajectory.example.question} part 1",
+            f"{trajectory.example.question} part 2",
+            None,
+        ]
+        assert all(len(t.hits) == 5 for t in trajectory.turns[:2])
+        assert trajectory.turns[1].memory.startswith("Searches so far: 2.")
+        for t, (turn, sequence) in enumerate(
+            zip(trajectory.turns, trajectory.sequences, strict=True)
+        ):
+            assert turn.sequence_index == t
+            assert tokenizer.decode(sequence.input_ids) == memsearcher_conversation(
+                tokenizer, trajectory, t
+            )
+            # mask-1 runs are exactly completions the model produced, in order
+            runs = _runs(sequence.response_ids, sequence.loss_mask)
+            model_runs = [ids for ids, m in runs if m == 1]
+            assert all(ids in generated for ids in model_runs)
+            assert len(model_runs) == (2 if turn.query else 1)
+            assert sum(sequence.loss_mask) == turn.generated_tokens
+            # the environment's run is the tool response and nothing else
+            env_text = "".join(tokenizer.decode(ids) for ids, m in runs if m == 0)
+            assert ("<tool_response>" in env_text) == (turn.query is not None)
+            assert "<think>" not in env_text and "<memory> Searches" not in env_text
+    assert [trajectory_reward(t) for t in trajectories] == [1.0, 0.1, 0.1]
+
+
+def _runs(ids: Sequence[int], mask: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
+    runs: list[tuple[tuple[int, ...], int]] = []
+    for token, m in zip(ids, mask, strict=True):
+        if runs and runs[-1][1] == m:
+            runs[-1] = (runs[-1][0] + (token,), m)
+        else:
+            runs.append(((token,), m))
+    return runs
+
+
+def test_react_is_one_growing_sequence(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    reply = search_then_answer(searches=3, answer="Paris")
+    trajectories, _ = run("react", tokenizer, retriever, reply, AgentConfig())
+    templates = Templates()
+    for trajectory in trajectories:
+        assert trajectory.end_reason == "answer" and len(trajectory.turns) == 4
+        assert len(trajectory.sequences) == 1
+        assert {t.sequence_index for t in trajectory.turns} == {0}
+        contexts = [t.prompt_tokens for t in trajectory.turns]
+        assert contexts == sorted(contexts) and contexts[-1] > contexts[0] + 300
+        system = templates.react_system.format(tools=format_tools(5))
+        messages = [
+            {"role": "system", "content": system},
+            {
+                "role": "user",
+                "content": templates.react_user.format(question=trajectory.example.question),
+            },
+        ]
+        for turn in trajectory.turns[:-1]:
+            passages = format_hits(turn.hits)
+            messages += [
+                {"role": "assistant", "content": turn.action_text},
+                {
+                    "role": "user",
+                    "content": templates.react_tool_response.format(passages=passages),
+                },
+            ]
+        expected = tokenizer.render_chat(messages, True) + trajectory.turns[-1].action_text
+        (sequence,) = trajectory.sequences
+        assert tokenizer.decode(sequence.input_ids) == expected + "<|im_end|>"
+        assert sum(sequence.loss_mask) == sum(t.generated_tokens for t in trajectory.turns)
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
+def test_turn_limit(agent: str, tokenizer: Tokenizer, retriever: Retriever) -> None:
+    reply = search_then_answer(searches=100, answer="never")
+    trajectories, _ = run(agent, tokenizer, retriever, reply, AgentConfig(max_turns=3))
+    for trajectory in trajectories:
+        assert trajectory.end_reason == "max_turns" and trajectory.answer is None
+        assert len(trajectory.turns) == 3
+        assert trajectory_reward(trajectory) == 0.0
+
+
+def test_memory_cap_ends_the_trajectory(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    # the first update (25 words) fits in 64 tokens, the second (50 words) does not
+    reply = search_then_answer(searches=2, answer="x", memory_words=300)
+    config = AgentConfig(memory_tokens=64)
+    trajectories, llm = run("memsearcher", tokenizer, retriever, reply, config, QUESTIONS[:1])
+    (trajectory,) = trajectories
+    memory_calls = [(p, c) for _, p, c in llm.calls if "</memory>" in p.stop]
+    assert [p.max_new_tokens for p, _ in memory_calls] == [64, 64]
+    assert [c[0].finish_reason for _, c in memory_calls] == ["stop", "length"]
+    assert len(memory_calls[1][1][0].token_ids) == 64
+    assert trajectory.end_reason == "format_error"
+    assert trajectory.error.startswith("unclosed_memory: memory exceeded its cap of 64")
+    assert trajectory_reward(trajectory) == 0.0
+    # the failed turn is still a training sequence, so the fault can be penalized
+    assert len(trajectory.turns) == len(trajectory.sequences) == 2
+    assert sum(trajectory.sequences[1].loss_mask) > 64
+
+
+def test_memsearcher_context_is_bounded(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    reply = search_then_answer(searches=6, answer="x", memory_words=2000)
+    config = AgentConfig(max_turns=7, memory_tokens=256)
+    trajectories, _ = run("memsearcher", tokenizer, retriever, reply, config, QUESTIONS[:1])
+    (trajectory,) = trajectories
+    first = trajectory.turns[0].prompt_tokens  # template + question + empty memory
+    assert all(t.prompt_tokens <= first + 256 for t in trajectory.turns)
+
+
+def test_format_failure_ends_with_zero_reward(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    trajectories, _ = run(
+        "memsearcher",
+        tokenizer,
+        retriever,
+        lambda prompt, params: "The answer is Paris.",
+        AgentConfig(),
+        QUESTIONS[:1],
+    )
+    (trajectory,) = trajectories
+    assert trajectory.end_reason == "format_error"
+    assert trajectory.error.startswith("missing_think")
+    assert trajectory.turns[0].error == trajectory.error
+    assert trajectory_reward(trajectory) == 0.0
+    assert trajectory.sequences[0].loss_mask == (1,) * len(trajectory.sequences[0].response_ids)
+
+
+def test_context_limit(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    reply = search_then_answer(searches=5, answer="x")
+    trajectories, _ = run("react", tokenizer, retriever, reply, AgentConfig(), QUESTIONS[:1], 1200)
+    (trajectory,) = trajectories
+    assert trajectory.end_reason == "context_limit"
+    assert "exceeds the model's 1200" in trajectory.error
+
+
+def test_lockstep_batches_every_phase(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    counting = CountingRetriever(retriever)
+    reply = search_then_answer(searches=2, answer="x")
+    _, llm = run("memsearcher", tokenizer, counting, reply, AgentConfig())
+    # act, memory, act, memory, act: one call per phase holding all three episodes
+    assert [len(prompts) for prompts, _, _ in llm.calls] == [3, 3, 3, 3, 3]
+    assert [p.stop for _, p, _ in llm.calls] == [("</tool_call>",), ("</memory>",)] * 2 + [
+        ("</tool_call>",)
+    ]
+    assert [len(batch) for batch in counting.batches] == [3, 3]
+
+
+def test_trajectory_round_trips_through_json(tokenizer: Tokenizer, retriever: Retriever) -> None:
+    import json
+
+    reply = search_then_answer(searches=1, answer="Paris")
+    trajectories, _ = run("memsearcher", tokenizer, retriever, reply, AgentConfig())
+    for trajectory in trajectories:
+        again = Trajectory.from_dict(json.loads(json.dumps(trajectory.to_dict())))
+        assert again == trajectory
