@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from memsearcher.ask import add_ask_command
 from memsearcher.errors import MemSearcherError
+from memsearcher.retrieval.commands import add_index_command, add_retriever_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Each entry adds one sub-command whose parser sets `func` (args -> exit code).
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_ask_command]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_ask_command,
+    add_index_command,
+    add_retriever_command,
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

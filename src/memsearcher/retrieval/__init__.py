@@ -46,17 +46,10 @@ def format_hits(hits: Sequence[Hit]) -> str:
 def _loaders() -> dict[str, Callable[..., Any]]:
     # imported here: the dense and hybrid loaders pull in faiss and sentence-transformers
     from memsearcher.retrieval.bm25 import BM25Index
+    from memsearcher.retrieval.dense import DenseIndex
+    from memsearcher.retrieval.hybrid import HybridIndex
 
-    loaders: dict[str, Callable[..., Any]] = {"bm25": BM25Index.load}
-    try:
-        from memsearcher.retrieval.dense import DenseIndex
-        from memsearcher.retrieval.hybrid import HybridIndex
-
-        loaders["dense"] = DenseIndex.load
-        loaders["hybrid"] = HybridIndex.load
-    except ImportError:  # modules not written yet in this checkout
-        pass
-    return loaders
+    return {"bm25": BM25Index.load, "dense": DenseIndex.load, "hybrid": HybridIndex.load}
 
 
 def load_index(path: str | Path, **options: Any) -> Retriever:

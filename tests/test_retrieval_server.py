@@ -1,0 +1,330 @@
+"""The real retrieval server, started by the CLI in a subprocess on 127.0.0.1.
+
+Every endpoint with the request and response shapes of DESIGN section 7, bad input answered
+with a 4xx JSON reason (each followed by a good request, to show the server still serves), a
+fuzz test, a concurrent load test, and the HTTP client against the same server.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memsearcher.retrieval import open_retriever
+from memsearcher.retrieval.bm25 import BM25Index, build_bm25
+from memsearcher.retrieval.client import HTTPRetriever, RetrievalServerError
+from memsearcher.retrieval.corpus import write_corpus
+from memsearcher.retrieval.embedded import embedded_passages
+
+QUERY = "Stanley Kubrick science fiction film"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> BM25Index:
+    root = tmp_path_factory.mktemp("served")
+    write_corpus(root / "corpus.jsonl", embedded_passages()[:2000])
+    return build_bm25(root / "corpus.jsonl", root / "index")
+
+
+@pytest.fixture(scope="module")
+def server(index: BM25Index, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path_factory.mktemp("log") / "server.log").open("w+")
+    env = {**os.environ, "MEMSEARCHER_HOME": str(index.folder.parent / "home")}
+    command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve"]
+    command += ["--index", str(index.folder), "--port", str(port), "--max-top-n", "50"]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"server did not start:\n{log.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.fixture
+def http(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=30) as client:
+        yield client
+
+
+def assert_serving(http: httpx.Client) -> None:
+    response = http.post("/search", json={"query": QUERY, "top_n": 2})
+    assert response.status_code == 200
+    assert len(response.json()) == 2
+
+
+def assert_doc(doc: Any) -> None:
+    assert isinstance(doc, dict) and set(doc) == {"id", "contents"}
+    assert isinstance(doc["id"], str) and doc["contents"].startswith('"')
+    assert "\n" in doc["contents"]
+
+
+def test_health(http: httpx.Client, index: BM25Index) -> None:
+    body = http.get("/health").json()
+    assert body["status"] == "ok" and body["kind"] == "bm25"
+    assert body["passages"] == len(index)
+
+
+def test_search(http: httpx.Client, index: BM25Index) -> None:
+    docs = http.post("/search", json={"query": QUERY}).json()
+    assert isinstance(docs, list) and len(docs) == 5  # top_n defaults to 5
+    for doc in docs:
+        assert_doc(doc)
+    assert docs[0]["contents"].startswith('"2001: A Space Odyssey"\n')
+    expected = index.search([QUERY], 3)[0]
+    body = http.post("/search", json={"query": QUERY, "top_n": 3, "return_score": True}).json()
+    docs, scores = body
+    assert [d["id"] for d in docs] == [h.id for h in expected]
+    assert scores == pytest.approx([h.score for h in expected])
+    # MemSearcher posts the tool call's arguments as they are; unknown keys are ignored
+    assert http.post("/search", json={"query": QUERY, "top_n": 1, "x": 1}).status_code == 200
+
+
+def test_batch_search(http: httpx.Client) -> None:
+    queries = [QUERY, "Eiffel Tower", "capital of Japan"]
+    lists = http.post("/batch_search", json={"query": queries, "top_n": 4}).json()
+    assert len(lists) == 3 and all(1 <= len(docs) <= 4 for docs in lists)
+    assert len(lists[0]) == 4
+    for docs in lists:
+        for doc in docs:
+            assert_doc(doc)
+    docs, scores = http.post(
+        "/batch_search", json={"query": queries, "top_n": 2, "return_score": True}
+    ).json()
+    assert len(docs) == len(scores) == 3
+    assert all(len(s) == 2 and s[0] >= s[1] for s in scores)
+    assert [d["id"] for d in docs[0]] == [d["id"] for d in lists[0][:2]]
+
+
+def test_retrieve(http: httpx.Client) -> None:
+    body = http.post("/retrieve", json={"queries": [QUERY, "Eiffel Tower"]}).json()
+    assert set(body) == {"result"} and len(body["result"]) == 2
+    for results in body["result"]:
+        assert len(results) == 3  # Search-R1's topk defaults to 3
+        for item in results:
+            assert set(item) == {"document", "score"} and isinstance(item["score"], float)
+            assert_doc(item["document"])
+    plain = http.post(
+        "/retrieve", json={"queries": [QUERY], "topk": 2, "return_scores": False}
+    ).json()
+    for doc in plain["result"][0]:
+        assert_doc(doc)
+
+
+def test_openapi_lists_exactly_the_endpoints(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    assert set(schema["paths"]) == {"/search", "/batch_search", "/retrieve", "/health"}
+    assert http.get("/docs").status_code == 200
+
+
+BAD_JSON: list[tuple[str, Any]] = [
+    ("/search", {"query": ""}),
+    ("/search", {"query": "   \n\t"}),
+    ("/search", {"query": 42}),
+    ("/search", {"query": None}),
+    ("/search", {"query": ["a list"]}),
+    ("/search", {}),
+    ("/search", {"top_n": 3}),
+    ("/search", {"query": "x", "top_n": -1}),
+    ("/search", {"query": "x", "top_n": 0}),
+    ("/search", {"query": "x", "top_n": 10**12}),
+    ("/search", {"query": "x", "top_n": 51}),
+    ("/search", {"query": "x", "top_n": "many"}),
+    ("/search", {"query": "x", "top_n": 2.5}),
+    ("/search", {"query": "x" * 5000}),
+    ("/search", []),
+    ("/search", None),
+    ("/search", "just a string"),
+    ("/batch_search", {"query": []}),
+    ("/batch_search", {"query": "not a list"}),
+    ("/batch_search", {"query": ["fine", ""]}),
+    ("/batch_search", {"query": ["fine", 7]}),
+    ("/batch_search", {"query": ["q"] * 513}),
+    ("/retrieve", {"queries": []}),
+    ("/retrieve", {"queries": [None]}),
+    ("/retrieve", {"query": ["wrong field name"]}),
+    ("/retrieve", {"queries": ["x"], "topk": -5}),
+]
+
+
+@pytest.mark.parametrize(("path", "payload"), BAD_JSON)
+def test_bad_json_gets_4xx(http: httpx.Client, path: str, payload: Any) -> None:
+    response = http.post(path, json=payload)
+    assert 400 <= response.status_code < 500, response.text
+    assert "detail" in response.json()
+    assert_serving(http)
+
+
+JSON = {"content-type": "application/json"}
+BAD_BODIES: list[tuple[str, bytes, dict[str, str], int]] = [
+    ("invalid JSON", b'{"query": "x",', JSON, 422),
+    ("not JSON at all", b"hello", JSON, 422),
+    ("NaN top_n", b'{"query": "x", "top_n": NaN}', JSON, 422),
+    ("non-UTF-8", b'{"query": "caf\xe9"}', JSON, 400),
+    ("UTF-16", '{"query": "x"}'.encode("utf-16"), JSON, 400),
+    ("text/plain", b'{"query": "x"}', {"content-type": "text/plain"}, 415),
+    ("form", b"query=x", {"content-type": "application/x-www-form-urlencoded"}, 415),
+    ("10 MB", b'{"query": "' + b"a" * 10_000_000 + b'"}', JSON, 413),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [case[1:] for case in BAD_BODIES],
+    ids=[case[0] for case in BAD_BODIES],
+)
+def test_bad_bodies_get_4xx(
+    http: httpx.Client, body: bytes, headers: dict[str, str], status: int
+) -> None:
+    response = http.post("/search", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert "detail" in response.json()
+    assert_serving(http)
+
+
+def test_wrong_method_and_path(http: httpx.Client) -> None:
+    assert http.get("/search").status_code == 405
+    assert http.post("/nowhere", json={"query": "x"}).status_code == 404
+    assert_serving(http)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+payloads = st.fixed_dictionaries(
+    {},
+    optional={
+        "query": json_values | st.text() | st.lists(st.text(), max_size=4),
+        "queries": json_values | st.lists(st.text(), max_size=4),
+        "top_n": json_values | st.integers(-5, 200),
+        "topk": json_values | st.integers(-5, 200),
+        "return_score": json_values,
+        "return_scores": json_values,
+    },
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(path=st.sampled_from(["/search", "/batch_search", "/retrieve"]), payload=payloads)
+def test_fuzzed_requests_never_500(http: httpx.Client, path: str, payload: Any) -> None:
+    response = http.post(path, json=payload)
+    assert response.status_code == 200 or 400 <= response.status_code < 500, response.text
+    response.json()
+
+
+@pytest.mark.slow
+def test_concurrent_clients(server: str) -> None:
+    """32 clients, 2,000 requests over all three search endpoints: no errors, bounded time."""
+    clients, total = 32, 2000
+    deadline = time.monotonic() + 240
+    errors: list[str] = []
+    done = [0] * clients
+    requests = [
+        ("/search", {"query": QUERY, "top_n": 3}),
+        ("/batch_search", {"query": ["Eiffel Tower", "jazz music"], "top_n": 2}),
+        ("/retrieve", {"queries": ["capital of Japan"], "topk": 3}),
+    ]
+
+    def worker(k: int) -> None:
+        with httpx.Client(base_url=server, timeout=60) as client:
+            for i in range(k, total, clients):
+                if time.monotonic() > deadline:
+                    errors.append("deadline passed")
+                    return
+                path, payload = requests[i % len(requests)]
+                try:
+                    response = client.post(path, json=payload)
+                    if response.status_code != 200 or not response.json():
+                        errors.append(f"{path}: HTTP {response.status_code}")
+                except httpx.HTTPError as error:
+                    errors.append(f"{path}: {error!r}")
+                done[k] += 1
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert sum(done) == total
+
+
+def test_client_matches_index(server: str, index: BM25Index) -> None:
+    queries = [QUERY, "Eiffel Tower", "  ", "capital of Japan"]
+    with HTTPRetriever(server) as client:
+        remote = client.search(queries, 4)
+        assert client.health()["kind"] == "bm25"
+    local = index.search(queries, 4)
+    assert remote[2] == []
+    for mine, theirs in zip(remote, local, strict=True):
+        assert [(h.id, h.title, h.text) for h in mine] == [(h.id, h.title, h.text) for h in theirs]
+        assert [h.score for h in mine] == pytest.approx([h.score for h in theirs])
+    retriever = open_retriever(f"{server}/search")  # an endpoint URL works too
+    assert isinstance(retriever, HTTPRetriever) and retriever.url == server
+    assert retriever.search([QUERY], 1)[0][0].title == "2001: A Space Odyssey"
+
+
+def test_client_errors(server: str) -> None:
+    with HTTPRetriever(server) as client, pytest.raises(RetrievalServerError, match="422"):
+        client.search([QUERY], 51)  # over the server's --max-top-n
+    dead = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    client = HTTPRetriever(dead, retries=2, backoff=0.05)
+    with client, pytest.raises(RetrievalServerError, match="unreachable after 3 tries"):
+        client.search([QUERY], 3)
+    assert time.monotonic() - started < 10
+
+
+def test_client_large_batches_are_split(server: str, index: BM25Index) -> None:
+    queries = [f"{QUERY} {i}" for i in range(30)]
+    with HTTPRetriever(server, max_queries=7) as client:
+        assert len(client.search(queries, 1)) == 30
+
+
+def test_serve_rejects_a_missing_index(tmp_path: Path) -> None:
+    from memsearcher.cli import main
+
+    assert main(["retriever", "serve", "--index", str(tmp_path / "nope")]) == 2
