@@ -1,0 +1,80 @@
+"""The transformers backend on the real embedded SmolLM2-135M."""
+
+from __future__ import annotations
+
+import pytest
+
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.embedded import embedded_model_path, packaged_gguf
+from memsearcher.llm.hf import HFModel
+
+
+def chat(llm: HFModel, text: str) -> list[int]:
+    tokenizer = llm.tokenizer
+    return tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": text}], True))
+
+
+def test_embedded_model_is_converted_once(llm: HFModel) -> None:
+    folder = embedded_model_path()
+    assert packaged_gguf().is_file()
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert embedded_model_path() == folder
+    assert llm.max_context_tokens == 8192
+    assert llm.tokenizer.eos_token_ids == {2}
+
+
+def test_batched_greedy_equals_one_by_one(llm: HFModel) -> None:
+    # left padding must not change what each row generates
+    prompts = [
+        chat(llm, "Who wrote Hamlet?"),
+        chat(llm, "Name a colour."),
+        chat(llm, "Write a very long story about the history of the Roman Empire, please."),
+    ]
+    params = SamplingParams(max_new_tokens=12)
+    batched = llm.generate(prompts, params)
+    alone = [llm.generate([p], params)[0] for p in prompts]
+    assert batched == alone
+    assert all(len(c.token_ids) <= 12 for c in batched)
+
+
+def test_finish_reasons(llm: HFModel) -> None:
+    prompt = chat(llm, "Who wrote Hamlet? Answer in one short sentence.")
+    (short,) = llm.generate([prompt], SamplingParams(max_new_tokens=3))
+    assert short.finish_reason == "length" and len(short.token_ids) == 3
+    (full,) = llm.generate([prompt], SamplingParams(max_new_tokens=64))
+    assert full.finish_reason == "stop" and full.token_ids[-1] == 2
+    assert 2 not in full.token_ids[:-1]
+
+
+def test_stop_string_cuts_at_the_completing_token(llm: HFModel) -> None:
+    prompt = chat(llm, "Who wrote Hamlet? Answer in one short sentence.")
+    (full,) = llm.generate([prompt], SamplingParams(max_new_tokens=64))
+    text = llm.tokenizer.decode(full.token_ids)
+    stop = text.split()[2]  # a word the greedy answer is known to contain
+    (cut,) = llm.generate([prompt], SamplingParams(max_new_tokens=64, stop=(stop,)))
+    cut_text = llm.tokenizer.decode(cut.token_ids)
+    assert cut.finish_reason == "stop"
+    assert stop in cut_text and stop not in llm.tokenizer.decode(cut.token_ids[:-1])
+    assert full.token_ids[: len(cut.token_ids)] == cut.token_ids
+
+
+def test_seeded_sampling_is_reproducible(llm: HFModel) -> None:
+    prompts = [chat(llm, "Tell me a fact."), chat(llm, "Name an animal.")]
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
+    first, second = llm.generate(prompts, params), llm.generate(prompts, params)
+    assert first == second
+    other = llm.generate(prompts, SamplingParams(max_new_tokens=16, temperature=1.0, seed=8))
+    assert other != first
+
+
+def test_empty_prompt_is_refused(llm: HFModel) -> None:
+    with pytest.raises(ValueError, match="empty prompt"):
+        llm.generate([[]], SamplingParams(max_new_tokens=2))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_new_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}]
+)
+def test_sampling_params_are_checked(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
