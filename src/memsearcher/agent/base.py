@@ -107,6 +107,7 @@ class Episode(ABC):
         self.end_reason: EndReason | None = None
         self.answer: str | None = None
         self.error: str | None = None
+        self.begin()
 
     # -- the driver's side ------------------------------------------------------------------
 
@@ -117,6 +118,10 @@ class Episode(ABC):
     def next_request(self) -> Request | None:
         """What the episode needs now; None once it has ended."""
         return None if self.done else self.pending
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Build the first context and request the first generation."""
 
     @abstractmethod
     def on_generation(self, completion: Completion) -> None:

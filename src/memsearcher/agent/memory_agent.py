@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memsearcher.agent.base import ACTION_STOP, MEMORY_STOP, AgentConfig, Episode
+from memsearcher.agent.base import ACTION_STOP, MEMORY_STOP, Episode
 from memsearcher.agent.parsing import ParseFailure, parse_memory
-from memsearcher.agent.prompts import Templates, format_tools
-from memsearcher.llm.base import Completion, Tokenizer
+from memsearcher.agent.prompts import format_tools
+from memsearcher.llm.base import Completion
 from memsearcher.retrieval import format_hits
-from memsearcher.types import Hit, QAExample
+from memsearcher.types import Hit
 
 
 class MemSearcherEpisode(Episode):
@@ -19,15 +19,7 @@ class MemSearcherEpisode(Episode):
 
     agent_name = "memsearcher"
 
-    def __init__(
-        self,
-        example: QAExample,
-        tokenizer: Tokenizer,
-        config: AgentConfig,
-        templates: Templates,
-        max_context_tokens: int | None,
-    ) -> None:
-        super().__init__(example, tokenizer, config, templates, max_context_tokens)
+    def begin(self) -> None:
         self.memory = ""
         self.phase = "act"
         self._begin_turn()

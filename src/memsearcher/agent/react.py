@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memsearcher.agent.base import ACTION_STOP, AgentConfig, Episode
-from memsearcher.agent.prompts import Templates, format_tools
-from memsearcher.llm.base import Completion, Tokenizer
+from memsearcher.agent.base import ACTION_STOP, Episode
+from memsearcher.agent.prompts import format_tools
+from memsearcher.llm.base import Completion
 from memsearcher.retrieval import format_hits
-from memsearcher.types import Hit, QAExample
+from memsearcher.types import Hit
 
 
 class ReActEpisode(Episode):
@@ -17,15 +17,7 @@ class ReActEpisode(Episode):
 
     agent_name = "react"
 
-    def __init__(
-        self,
-        example: QAExample,
-        tokenizer: Tokenizer,
-        config: AgentConfig,
-        templates: Templates,
-        max_context_tokens: int | None,
-    ) -> None:
-        super().__init__(example, tokenizer, config, templates, max_context_tokens)
+    def begin(self) -> None:
         system = self.templates.react_system.format(tools=format_tools(self.config.top_n))
         user = self.templates.react_user.format(question=self.example.question)
         self.render_prompt(

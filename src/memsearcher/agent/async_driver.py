@@ -1,0 +1,143 @@
+"""The async driver: each episode runs on its own, and the server does the batching.
+
+An HTTP backend (vLLM, SGLang, llama.cpp) batches whatever requests are in flight, so the best
+a client can do is keep many of them in flight and never wait for the slowest trajectory of a
+round, as the lockstep driver must. Every episode is an asyncio task; a semaphore bounds how
+many run at once. Searches from all tasks are merged into batched calls of the (synchronous)
+retriever in one worker thread, so a local index is never called from two threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Protocol
+
+from memsearcher.agent.base import Episode, Generate, Search
+from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import Hit, Trajectory
+
+logger = logging.getLogger(__name__)
+
+DoneCallback = Callable[[int, Trajectory], None]
+
+# Call k of episode i uses seed + i * _SEED_STRIDE + k: reproducible whatever the scheduling.
+_SEED_STRIDE = 1_000_003
+
+
+class AsyncLLM(Protocol):
+    """An LLM that generates for one prompt at a time, concurrently."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_context_tokens(self) -> int: ...
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
+
+
+class SearchBatcher:
+    """Merges the searches waiting at any moment into one ``retriever.search`` call per
+    ``top_n``, run in a single worker thread."""
+
+    def __init__(self, retriever: Retriever, max_queries: int = 256) -> None:
+        self.retriever = retriever
+        self.max_queries = max_queries
+        self.queue: asyncio.Queue[tuple[str, int, asyncio.Future[list[Hit]]]] = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="search")
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> SearchBatcher:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def search(self, query: str, top_n: int) -> list[Hit]:
+        future: asyncio.Future[list[Hit]] = asyncio.get_running_loop().create_future()
+        await self.queue.put((query, top_n, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < self.max_queries and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            groups: dict[int, list[tuple[str, asyncio.Future[list[Hit]]]]] = {}
+            for query, top_n, future in batch:
+                groups.setdefault(top_n, []).append((query, future))
+            for top_n, items in groups.items():
+                queries = [query for query, _ in items]
+                try:
+                    results = await loop.run_in_executor(
+                        self.executor, self.retriever.search, queries, top_n
+                    )
+                except Exception as error:  # every waiting episode hears of the failure
+                    for _, future in items:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), hits in zip(items, results, strict=True):
+                    if not future.done():
+                        future.set_result(hits)
+
+
+async def run_async(
+    episodes: Sequence[Episode],
+    llm: AsyncLLM,
+    retriever: Retriever,
+    sampling: SamplingParams,
+    concurrency: int = 64,
+    on_done: DoneCallback | None = None,
+) -> list[Trajectory]:
+    """Run every episode to its end, at most ``concurrency`` at once; trajectories come back in
+    order, and ``on_done(index, trajectory)`` hears of each as soon as it ends."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run_one(index: int, episode: Episode, searcher: SearchBatcher) -> Trajectory:
+        async with gate:
+            calls = 0
+            while (request := episode.next_request()) is not None:
+                if isinstance(request, Generate):
+                    seed = sampling.seed
+                    if seed is not None:
+                        seed += index * _SEED_STRIDE + calls
+                    params = replace(
+                        sampling,
+                        max_new_tokens=request.max_new_tokens,
+                        stop=request.stop,
+                        seed=seed,
+                    )
+                    calls += 1
+                    episode.on_generation(await llm.agenerate(request.prompt_ids, params))
+                elif isinstance(request, Search):
+                    hits = await searcher.search(request.query, request.top_n)
+                    episode.on_search(hits[: request.top_n])
+            trajectory = episode.result()
+        if on_done is not None:
+            on_done(index, trajectory)
+        return trajectory
+
+    async with SearchBatcher(retriever) as searcher:
+        tasks = [
+            asyncio.create_task(run_one(i, episode, searcher)) for i, episode in enumerate(episodes)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
