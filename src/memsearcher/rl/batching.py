@@ -1,0 +1,131 @@
+"""Learner batches: turn sequences bucketed by length, and their per-token log-probabilities.
+
+Sequences are sorted by length and cut into micro-batches under a budget of padded tokens, so
+each micro-batch holds sequences of similar length and padding stays a small share of the
+tokens processed (``benchmarks/learner.py`` measures it). Rows are left-padded, so every
+response ends at the last position and one ``logits_to_keep`` slice covers all of them: the
+logits (the biggest tensor by far, V per position) are computed for response positions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memsearcher.rl.loss import token_logprobs
+from memsearcher.types import TokenSequence
+
+__all__ = [
+    "MicroBatch",
+    "collate",
+    "padding_share",
+    "plan_micro_batches",
+    "sequence_logprobs",
+]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """B left-padded sequences of width L; their responses in the last R positions."""
+
+    indices: tuple[int, ...]
+    """Which sequences of the caller's list these rows are."""
+    input_ids: torch.Tensor  # (B, L)
+    attention_mask: torch.Tensor  # (B, L)
+    position_ids: torch.Tensor  # (B, L)
+    targets: torch.Tensor  # (B, R): the last R tokens of each row
+    loss_mask: torch.Tensor  # (B, R): 1 on the row's generated response tokens, else 0
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.attention_mask.sum().item())
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.attention_mask.numel())
+
+
+def plan_micro_batches(
+    lengths: Sequence[int], token_budget: int, units: Sequence[Sequence[int]] | None = None
+) -> list[list[int]]:
+    """Sequence indices grouped into micro-batches of at most ``token_budget`` padded tokens.
+
+    ``units`` are sets of sequences that must share a micro-batch (by default each sequence is
+    its own unit); units are sorted by their longest sequence and packed greedily, longest
+    first. A unit over the budget on its own still gets a micro-batch of its own.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    if units is None:
+        units = [[i] for i in range(len(lengths))]
+    order = sorted(units, key=lambda unit: max(lengths[i] for i in unit), reverse=True)
+    plans: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for unit in order:
+        unit_width = max(lengths[i] for i in unit)
+        new_width = max(width, unit_width)
+        if current and (len(current) + len(unit)) * new_width > token_budget:
+            plans.append(current)
+            current, new_width = [], unit_width
+        current += list(unit)
+        width = new_width
+    if current:
+        plans.append(current)
+    return plans
+
+
+def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: int) -> MicroBatch:
+    """The sequences at ``indices`` as one left-padded micro-batch."""
+    rows = [sequences[i] for i in indices]
+    width = max(len(s.input_ids) for s in rows)
+    span = max(len(s.response_ids) for s in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), span), dtype=torch.float32)
+    for row, sequence in enumerate(rows):
+        ids = sequence.input_ids
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+        if sequence.response_ids:
+            loss_mask[row, span - len(sequence.response_ids) :] = torch.tensor(
+                sequence.loss_mask, dtype=torch.float32
+            )
+    # As HF generate does for left padding, so that log-probs match the sampler's positions.
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return MicroBatch(
+        indices=tuple(indices),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        targets=input_ids[:, width - span :],
+        loss_mask=loss_mask,
+    )
+
+
+def sequence_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+    """(B, R) log-probabilities of the last R tokens of each row under ``model``.
+
+    Gradients flow when called outside ``torch.no_grad``. Positions with loss mask 0 hold
+    values that the loss ignores.
+    """
+    device = next(model.parameters()).device
+    span = batch.targets.shape[1]
+    output = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        position_ids=batch.position_ids.to(device),
+        logits_to_keep=span + 1,
+        use_cache=False,
+    )
+    logits = output.logits[:, :-1]  # (B, R, V): position p predicts token p + 1
+    return token_logprobs(logits, batch.targets.to(device), temperature)  # (B, R)
+
+
+def padding_share(batches: Sequence[MicroBatch]) -> float:
+    """Padding tokens / all tokens processed, over ``batches``."""
+    padded = sum(b.padded_tokens for b in batches)
+    return 0.0 if padded == 0 else 1.0 - sum(b.real_tokens for b in batches) / padded

@@ -1,0 +1,281 @@
+"""Training configs: one frozen dataclass per component, loaded from YAML plus overrides.
+
+A preset file (``configs/*.yaml``) gives the values that differ from the defaults; command-line
+overrides ``key=value`` (dotted for nested sections, e.g. ``optim.lr=1e-5``) apply on top.
+Unknown keys and ill-typed values are errors that list what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from memsearcher.agent.base import AgentConfig
+from memsearcher.errors import MemSearcherError
+
+__all__ = [
+    "GRPOConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "SFTConfig",
+    "config_to_dict",
+    "load_config",
+]
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to train and how it sits in memory."""
+
+    path: str = "embedded"
+    """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct."""
+    dtype: str = "auto"
+    """Parameter dtype: auto (bfloat16 on GPU, float32 on CPU), float32 or bfloat16."""
+    device: str = "auto"
+    """auto, cpu or cuda; under distributed launch each rank takes cuda:LOCAL_RANK."""
+    lora_rank: int = 0
+    """0 trains every weight; > 0 trains LoRA adapters of this rank (peft)."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names that get LoRA adapters."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    rollout_batch_size: int = 32
+    """Prompts per batched generate call of the in-process backend."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment coefficients."""
+    warmup_steps: int = 0
+    """Optimizer updates of linear warm-up from 0."""
+    schedule: str = "constant"
+    """After warm-up: constant, or cosine down to 0 at the last update."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Multi-context GRPO (DESIGN.md section 6). Defaults are the paper's reference values."""
+
+    data: str = ""
+    """Training questions, FlashRAG JSONL."""
+    output_dir: str = "runs/grpo"
+    """Checkpoints, metrics.jsonl, TensorBoard events and sample trajectories go here."""
+    agent_name: str = "memsearcher"
+    """memsearcher or react."""
+    retriever: str | None = None
+    """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
+    templates: str | None = None
+    """A YAML/JSON file overriding the prompt templates."""
+    seed: int = 0
+    """Seeds data order, sampling and initialization."""
+    steps: int = 0
+    """Training steps; 0 means one pass over the questions."""
+    questions_per_step: int = 256
+    """Questions per step over all ranks."""
+    mini_batch_questions: int = 128
+    """Questions per optimizer update (their G trajectories, all turns)."""
+    group_size: int = 5
+    """Trajectories per question (G)."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    micro_batch_tokens: int = 16384
+    """Padded tokens per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts and of the log-probabilities."""
+    top_p: float = 1.0
+    """Nucleus mass of rollouts."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1."""
+    clip_high: float = 0.2
+    """PPO ratio clip above 1."""
+    beta: float = 0.001
+    """Weight of the k3 KL penalty to the initial model; 0 skips the reference model."""
+    aggregation: str = "token-mean"
+    """token-mean, sequence-mean or trajectory-mean (memsearcher.rl.loss.AGGREGATIONS)."""
+    reward: str = "graded"
+    """A key of memsearcher.rl.rewards.REWARDS."""
+    normalize_std: bool = True
+    """Divide group-centred rewards by the group's std."""
+    filter_degenerate: bool = False
+    """Drop groups whose rewards are all equal (zero advantage) from the update."""
+    log_every: int = 1
+    """Steps between log lines."""
+    save_every: int = 50
+    """Steps between checkpoints (the last step is always saved)."""
+    sample_every: int = 10
+    """Steps between saved sample trajectories (0 disables)."""
+    tensorboard: bool = True
+    """Write TensorBoard events (needs the tensorboard package)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Turn budget, memory cap, generation budgets."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
+        _positive(self, "micro_batch_tokens", "log_every", "save_every")
+        if self.questions_per_step % self.mini_batch_questions:
+            raise MemSearcherError(
+                f"questions_per_step ({self.questions_per_step}) must be a multiple of "
+                f"mini_batch_questions ({self.mini_batch_questions})"
+            )
+        if self.temperature <= 0:
+            raise MemSearcherError(f"temperature must be > 0 for GRPO, got {self.temperature}")
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per training step."""
+        return self.ppo_epochs * (self.questions_per_step // self.mini_batch_questions)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning on trajectories: the distillation baseline."""
+
+    data: str = ""
+    """Trajectory JSONL, one Trajectory.to_dict() per line."""
+    output_dir: str = "runs/sft"
+    """Checkpoints, metrics.jsonl and TensorBoard events go here."""
+    seed: int = 0
+    """Seeds data order."""
+    steps: int = 0
+    """Optimizer updates; 0 means `epochs` passes over the sequences."""
+    epochs: int = 1
+    """Passes over the data when steps is 0."""
+    only_well_formed: bool = True
+    """Skip trajectories that did not end with a parsed answer."""
+    sequences_per_step: int = 32
+    """Turn sequences per optimizer update."""
+    micro_batch_tokens: int = 16384
+    """Padded tokens per forward/backward pass."""
+    log_every: int = 1
+    """Steps between log lines."""
+    save_every: int = 100
+    """Steps between checkpoints (the last step is always saved)."""
+    tensorboard: bool = True
+    """Write TensorBoard events (needs the tensorboard package)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer and schedule."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
+        _positive(self, "save_every")
+
+
+def _positive(config: Any, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < 1:
+            raise MemSearcherError(f"{name} must be >= 1, got {getattr(config, name)}")
+
+
+def load_config(cls: type[C], path: str | Path | None, overrides: Sequence[str] = ()) -> C:
+    """``cls`` from a YAML preset (or the defaults), then ``key=value`` overrides on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as error:
+            raise MemSearcherError(f"cannot read config {path}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise MemSearcherError(f"{path}: not valid YAML: {error}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise MemSearcherError(f"{path}: the config must be a mapping")
+        data = loaded or {}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key:
+            raise MemSearcherError(f"override {override!r} is not key=value")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for parent in parents:
+            node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                raise MemSearcherError(f"override {override!r}: {parent} is not a section")
+        node[leaf] = yaml.safe_load(text) if text.strip() else ""
+    return _build(cls, data, "")
+
+
+def _build(cls: type[C], data: dict[str, Any], prefix: str) -> C:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise MemSearcherError(
+            f"unknown config key {prefix}{unknown[0]}; valid keys: "
+            + ", ".join(prefix + name for name in names)
+        )
+    values = {name: _coerce(hints[name], data[name], prefix + name) for name in data}
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:
+        raise MemSearcherError(f"invalid config: {error}") from None
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise MemSearcherError(f"{key} must be a section of keys, got {value!r}")
+        return _build(hint, value, key + ".")  # type: ignore[arg-type]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise MemSearcherError(f"{key} must be a list, got {value!r}")
+        items = args[:1] * len(value) if args[-1:] == (Ellipsis,) else args
+        if len(items) != len(value):
+            raise MemSearcherError(f"{key} must have {len(items)} items, got {value!r}")
+        return tuple(_coerce(h, v, key) for h, v in zip(items, value, strict=True))
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if hint in (int, str, bool, float) and not (
+        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    ):
+        raise MemSearcherError(f"{key} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A config as plain data (tuples become lists), for logs and checkpoints."""
+    plain: dict[str, Any] = _plain(dataclasses.asdict(config))
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,107 @@
+"""Training configs (YAML plus overrides) and the FlashRAG question reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memsearcher.data.qa import read_qa
+from memsearcher.errors import MemSearcherError
+from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
+
+PRESETS = Path(__file__).parent.parent / "configs"
+
+
+def test_overrides_apply_on_top_of_the_file(tmp_path: Path) -> None:
+    preset = tmp_path / "c.yaml"
+    preset.write_text("group_size: 4\noptim:\n  lr: 1e-5\nagent:\n  max_turns: 3\n")
+    config = load_config(GRPOConfig, preset, ["group_size=2", "model.lora_targets=[q_proj]"])
+    assert config.group_size == 2
+    assert config.optim.lr == 1e-5
+    assert config.agent.max_turns == 3
+    assert config.model.lora_targets == ("q_proj",)
+    assert load_config(GRPOConfig, None, config_to_dict_overrides(config)) == config
+
+
+def config_to_dict_overrides(config: GRPOConfig) -> list[str]:
+    import json
+
+    flat: list[str] = []
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}{key}.", inner)
+        else:
+            flat.append(f"{prefix[:-1]}={json.dumps(value)}")
+
+    walk("", config_to_dict(config))
+    return flat
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lrr=1", "unknown config key optim.lrr; valid keys: optim.lr,"),
+        ("group_sise=1", "valid keys: data, output_dir"),
+        ("group_size=many", "group_size must be int"),
+        ("group_size", "is not key=value"),
+        ("agent.max_turns=0", "max_turns must be >= 1"),
+        ("mini_batch_questions=3", "must be a multiple of mini_batch_questions"),
+        ("optim=3", "optim must be a section"),
+    ],
+)
+def test_bad_overrides_say_what_is_valid(override: str, message: str) -> None:
+    with pytest.raises(MemSearcherError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(GRPOConfig, None, [override])
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.name)
+def test_presets_load(preset: Path) -> None:
+    cls = SFTConfig if preset.name.startswith("sft") else GRPOConfig
+    load_config(cls, preset)
+
+
+def test_paper_preset_has_the_reference_hyper_parameters() -> None:
+    config = load_config(GRPOConfig, PRESETS / "grpo-qwen2.5-3b.yaml")
+    assert (config.optim.lr, config.questions_per_step, config.mini_batch_questions) == (
+        1e-6,
+        256,
+        128,
+    )
+    assert (config.group_size, config.beta, config.clip_low, config.temperature) == (
+        5,
+        0.001,
+        0.2,
+        1.0,
+    )
+    assert (config.agent.max_new_tokens, config.agent.max_turns) == (512, 5)
+    assert config.agent.memory_tokens == 1024
+
+
+def test_read_qa(tmp_path: Path) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        '{"id": 1, "question": "Who?", "golden_answers": ["A", "B"], "split": "dev"}\n\n'
+        '{"id": "2", "question": "What?", "golden_answers": "C"}\n'
+    )
+    first, second = read_qa(path)
+    assert (first.id, first.golden_answers, first.metadata) == ("1", ("A", "B"), {"split": "dev"})
+    assert second.golden_answers == ("C",)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "q.jsonl:1: not JSON"),
+        ('{"id": "1", "question": "Q"}', "q.jsonl:1: missing golden_answers"),
+        ('{"id": "1", "question": "Q", "golden_answers": [1]}', "golden_answers must be"),
+        ("[1]", "expected a JSON object"),
+    ],
+)
+def test_read_qa_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(MemSearcherError, match=message):
+        read_qa(path)
