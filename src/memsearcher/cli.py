@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from memsearcher.ask import add_ask_command
 from memsearcher.errors import MemSearcherError
+from memsearcher.eval.commands import add_eval_command
 from memsearcher.retrieval.commands import add_index_command, add_retriever_command
 
 
@@ -30,6 +31,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_ask_command,
     add_index_command,
     add_retriever_command,
+    add_eval_command,
 ]
 
 

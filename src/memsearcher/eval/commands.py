@@ -1,0 +1,170 @@
+"""``memsearcher eval`` (run or resume an evaluation) and ``memsearcher eval report``.
+
+Heavy imports stay inside the handlers so that ``memsearcher --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+BACKENDS = ("hf", "openai", "vllm")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that pick the LLM backend; shared by ``eval`` and ``serve``."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default="embedded",
+        help="'embedded' (SmolLM2-135M), an HF folder or hub id; with --backend openai it gives "
+        "the tokenizer",
+    )
+    group.add_argument("--backend", choices=BACKENDS, default="hf", help="default: hf")
+    group.add_argument(
+        "--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
+    )
+    group.add_argument("--served-model", default=None, help="model name the server knows")
+    group.add_argument(
+        "--api",
+        choices=("auto", "completions", "chat"),
+        default="auto",
+        help="openai backend: token-exact /v1/completions, or chat; auto tries completions first",
+    )
+    group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
+    group.add_argument("--device", default="auto")
+    group.add_argument("--batch-size", type=int, default=16, help="prompts per forward (hf)")
+    group.add_argument("--gpu-memory", type=float, default=0.85, help="vllm memory fraction")
+
+
+def open_llm(args: argparse.Namespace) -> Any:
+    """The LLM the backend options describe."""
+    from memsearcher.llm import load_llm
+
+    return load_llm(
+        args.model,
+        device=args.device,
+        batch_size=args.batch_size,
+        backend=args.backend,
+        base_url=args.base_url,
+        served_model=args.served_model,
+        api=args.api,
+        tokenizer=args.tokenizer,
+        gpu_memory=args.gpu_memory,
+    )
+
+
+def add_eval_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="evaluate an agent on FlashRAG benchmarks (resumable), or compare runs",
+        description="Answer every question of FlashRAG-format datasets and score them (EM, F1, "
+        "ACC). Rerun with the same --out to resume. 'eval report DIR ...' compares runs.",
+    )
+    parser.add_argument("--data", help="a FlashRAG .jsonl/.parquet file, or a FlashRAG folder")
+    parser.add_argument(
+        "--datasets", default=None, help="comma-separated names inside --data (default: all found)"
+    )
+    parser.add_argument("--out", help="run folder (predictions, summary); reused to resume")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
+    where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
+    parser.add_argument("--agent", choices=("memsearcher", "react"), default="memsearcher")
+    parser.add_argument("--max-turns", type=int, default=20)
+    parser.add_argument("--memory-tokens", type=int, default=1024)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--top-n", type=int, default=5)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
+    parser.add_argument(
+        "--driver",
+        choices=("lockstep", "async"),
+        default=None,
+        help="default: async for --backend openai, else lockstep",
+    )
+    parser.add_argument("--concurrency", type=int, default=64, help="async driver: in flight")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_model_arguments(parser)
+    parser.set_defaults(func=run_eval_command)
+
+    actions = parser.add_subparsers(dest="eval_action", metavar="ACTION")
+    report = actions.add_parser(
+        "report",
+        help="compare evaluation runs in a table and plot tokens per turn",
+        description="Print EM/F1/ACC and context sizes of runs across datasets, and draw the "
+        "prompt tokens of each turn.",
+    )
+    report.add_argument("runs", nargs="+", metavar="DIR", help="run folders (eval --out)")
+    report.add_argument("--plots", default="eval-report", help="folder for the plots")
+    report.add_argument("--no-plots", action="store_true", help="print the table only")
+    report.add_argument("--json", action="store_true", help="print the rows as JSON")
+    report.set_defaults(func=run_report_command)
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    from memsearcher.agent import load_templates
+    from memsearcher.data.flashrag import load_benchmarks
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.eval.run import EvalConfig, run_eval
+    from memsearcher.retrieval import open_retriever
+
+    if not args.data or not args.out:
+        raise MemSearcherError("eval needs --data and --out (or: eval report DIR ...)")
+    names = [n.strip() for n in args.datasets.split(",") if n.strip()] if args.datasets else None
+    driver = args.driver or ("async" if args.backend == "openai" else "lockstep")
+    try:
+        config = EvalConfig(
+            agent=args.agent,
+            max_turns=args.max_turns,
+            max_new_tokens=args.max_new_tokens,
+            memory_tokens=args.memory_tokens,
+            top_n=args.top_n,
+            temperature=args.temperature,
+            seed=args.seed,
+            driver=driver,
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+        )
+        config.agent_config  # noqa: B018  # validates the agent settings before loading anything
+        config.sampling  # noqa: B018
+    except ValueError as error:
+        raise MemSearcherError(str(error)) from error
+    datasets = load_benchmarks(args.data, names, args.limit)
+    templates = load_templates(args.templates)
+    retriever_spec = args.index or args.retriever
+    retriever = open_retriever(retriever_spec)
+    llm = open_llm(args)
+    info = {
+        "model": args.model,
+        "backend": args.backend,
+        "served_model": args.served_model,
+        "retriever": retriever_spec or "embedded",
+        "templates": args.templates,
+    }
+    summary = run_eval(
+        datasets, llm, retriever, config, args.out, templates, info, not args.no_progress
+    )
+    from memsearcher.eval.report import format_table, rows_from_summary
+
+    print(format_table(rows_from_summary(args.out, summary)))
+    print(f"predictions and summary.json in {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    from memsearcher.eval.report import draw_token_plots, format_table, load_rows
+
+    rows = load_rows(args.runs)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(rows))
+    if not args.no_plots:
+        for path in draw_token_plots(rows, args.plots):
+            print(f"plot: {path}", file=sys.stderr)
+    return 0

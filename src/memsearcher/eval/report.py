@@ -1,0 +1,142 @@
+"""Compare evaluation runs: one table across runs and datasets, and prompt tokens per turn.
+
+matplotlib is optional (``pip install 'memsearcher[eval]'``) and only imported to draw.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memsearcher.data.flashrag import BENCHMARKS
+from memsearcher.errors import MemSearcherError
+
+__all__ = ["draw_token_plots", "format_table", "load_rows", "rows_from_summary"]
+
+COLUMNS = (
+    ("run", "run", "{}"),
+    ("dataset", "dataset", "{}"),
+    ("questions", "n", "{}"),
+    ("em", "EM", "{:.1f}"),
+    ("f1", "F1", "{:.1f}"),
+    ("acc", "ACC", "{:.1f}"),
+    ("mean_turns", "turns", "{:.2f}"),
+    ("searches_per_question", "searches", "{:.2f}"),
+    ("tokens_p50", "tok p50", "{:.0f}"),
+    ("tokens_p90", "tok p90", "{:.0f}"),
+    ("tokens_max", "tok max", "{:.0f}"),
+    ("format_failure_rate", "fmt fail", "{:.1%}"),
+)
+PERCENT = frozenset({"em", "f1", "acc"})
+
+
+def _order(name: str) -> tuple[int, str]:
+    return (BENCHMARKS.index(name) if name in BENCHMARKS else len(BENCHMARKS), name)
+
+
+def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per dataset of one run, then an ``avg`` row when there are several."""
+    label = Path(run).name or str(run)
+    rows = []
+    for name in sorted(summary.get("datasets", {}), key=_order):
+        s = summary["datasets"][name]
+        if not s.get("questions"):
+            continue
+        tokens = s["prompt_tokens_per_turn"]
+        rows.append(
+            {
+                "run": label,
+                "dataset": name,
+                **{k: s[k] for k in ("questions", "em", "f1", "acc", "mean_turns")},
+                "searches_per_question": s["searches_per_question"],
+                "tokens_p50": tokens["p50"],
+                "tokens_p90": tokens["p90"],
+                "tokens_max": tokens["max"],
+                "format_failure_rate": s["format_failure_rate"],
+                "prompt_tokens_by_turn": s["prompt_tokens_by_turn"],
+            }
+        )
+    average = summary.get("average") or {}
+    if len(rows) > 1 and average:
+        rows.append({"run": label, "dataset": "avg", **average})
+    return rows
+
+
+def load_rows(runs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Rows of every run folder's ``summary.json``."""
+    rows = []
+    for run in runs:
+        path = Path(run) / "summary.json"
+        if not path.is_file():
+            raise MemSearcherError(f"{run}: no summary.json (is it an eval --out folder?)")
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise MemSearcherError(f"{path}: not JSON ({error.msg})") from None
+        rows += rows_from_summary(run, summary)
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table; EM, F1 and ACC in percent as in the paper."""
+    cells = [[title for _, title, _ in COLUMNS]]
+    for row in rows:
+        line = []
+        for key, _, fmt in COLUMNS:
+            value = row.get(key)
+            if value is None:
+                line.append("")
+            else:
+                line.append(fmt.format(value * 100 if key in PERCENT else value))
+        cells.append(line)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = []
+    for n, line in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(line, widths, strict=True))
+            ).rstrip()
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """One PNG per dataset: mean prompt tokens at each turn, one line per run.
+
+    A flat line is MemSearcher's compact memory; a rising one is ReAct's growing history.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only; no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MemSearcherError("plots need matplotlib: pip install 'memsearcher[eval]'") from None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("prompt_tokens_by_turn"):
+            by_dataset.setdefault(row["dataset"], []).append(row)
+    paths = []
+    for name in sorted(by_dataset, key=_order):
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for row in by_dataset[name]:
+            values = row["prompt_tokens_by_turn"]
+            axes.plot(range(1, len(values) + 1), values, marker="o", label=row["run"])
+        axes.set_xlabel("turn")
+        axes.set_ylabel("prompt tokens (mean)")
+        axes.set_title(f"{name}: context size per turn")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        path = folder / f"tokens_per_turn_{name}.png"
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths

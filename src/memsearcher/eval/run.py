@@ -1,0 +1,363 @@
+"""An evaluation run: every question of every dataset, one prediction line each, and a summary.
+
+Layout of a run folder::
+
+    OUT/settings.json                 what produced the predictions (checked on resume)
+    OUT/<dataset>/predictions.jsonl   one line per finished question, with its trajectory
+    OUT/summary.json                  metrics per dataset and their average
+
+Predictions are appended and flushed one question at a time, so an interrupted run loses at
+most the questions in flight. Restarting with the same ``--out`` skips every id already saved;
+a torn last line (the process died mid-write) is dropped and its question redone. The summary
+is always recomputed from the saved predictions, so it covers the questions of every attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.errors import MemSearcherError
+from memsearcher.eval.metrics import exact_match, f1_score, sub_exact_match
+from memsearcher.llm.base import LLM, SamplingParams
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import QAExample, Trajectory
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EvalConfig",
+    "prediction_record",
+    "read_predictions",
+    "run_eval",
+    "summarize",
+]
+
+FORMAT_FAILURES = frozenset({"format_error", "length"})
+"""End reasons that mean the model broke the protocol (DESIGN section 5: not well formed)."""
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How questions are answered during evaluation."""
+
+    agent: str = "memsearcher"
+    """Which agent answers (``memsearcher`` or ``react``)."""
+    max_turns: int = 20
+    """Turns before an episode is cut (20 in the paper's evaluation)."""
+    max_new_tokens: int = 512
+    """Generation budget of one action."""
+    memory_tokens: int = 1024
+    """Generation budget of a memory update."""
+    top_n: int = 5
+    """Passages per search."""
+    temperature: float = 0.0
+    """0 decodes greedily, the evaluation default."""
+    seed: int = 0
+    """Base seed for sampling (used when temperature > 0)."""
+    driver: str = "lockstep"
+    """``lockstep`` (in-process backends) or ``async`` (HTTP backends that batch themselves)."""
+    batch_size: int = 16
+    """Questions per lockstep round; each round's predictions are saved when it ends."""
+    concurrency: int = 64
+    """Episodes in flight at once with the async driver."""
+
+    def __post_init__(self) -> None:
+        if self.driver not in DRIVERS:
+            raise ValueError(f"unknown driver {self.driver!r}; choose one of {sorted(DRIVERS)}")
+        for name in ("batch_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def agent_config(self) -> AgentConfig:
+        return AgentConfig(
+            max_turns=self.max_turns,
+            memory_tokens=self.memory_tokens,
+            max_new_tokens=self.max_new_tokens,
+            top_n=self.top_n,
+            max_top_n=max(self.top_n, AgentConfig.max_top_n),
+        )
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=self.seed)
+
+    def settings(self) -> dict[str, Any]:
+        """The fields that change predictions (a resumed run must keep them)."""
+        skip = {"driver", "batch_size", "concurrency"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+# -- predictions file ---------------------------------------------------------------------------
+
+
+def prediction_record(dataset: str, trajectory: Trajectory) -> dict[str, Any]:
+    """One line of ``predictions.jsonl``: the scores, the per-turn counts and the trajectory."""
+    example = trajectory.example
+    prediction = trajectory.answer or ""
+    return {
+        "id": example.id,
+        "dataset": dataset,
+        "question": example.question,
+        "golden_answers": list(example.golden_answers),
+        "prediction": trajectory.answer,
+        "em": exact_match(prediction, example.golden_answers),
+        "f1": f1_score(prediction, example.golden_answers),
+        "acc": sub_exact_match(prediction, example.golden_answers),
+        "end_reason": trajectory.end_reason,
+        "turns": len(trajectory.turns),
+        "searches": trajectory.num_searches,
+        "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
+        "trajectory": trajectory.to_dict(),
+    }
+
+
+def read_predictions(path: str | Path) -> list[dict[str, Any]]:
+    """The saved records, ignoring a torn last line; a bad line elsewhere is an error."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: the write was cut short
+                logger.warning("%s: ignoring a torn last line", path)
+                break
+            raise MemSearcherError(
+                f"{path}:{number}: not JSON; the predictions are damaged"
+            ) from None
+    return records
+
+
+def _truncate_torn_tail(path: Path) -> None:
+    """Cut a partial last line so that the next append starts on a line of its own."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as file:
+            file.truncate(end)
+
+
+class PredictionWriter:
+    """Appends records to a predictions file, one flushed and synced line per question."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _truncate_torn_tail(path)
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+# -- summary -----------------------------------------------------------------------------------
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Metrics of one dataset from its prediction records."""
+    n = len(records)
+    if n == 0:
+        return {"questions": 0}
+    prompt_tokens = [t for r in records for t in r["prompt_tokens"]]
+    longest = max((len(r["prompt_tokens"]) for r in records), default=0)
+    by_turn = [
+        [r["prompt_tokens"][k] for r in records if len(r["prompt_tokens"]) > k]
+        for k in range(longest)
+    ]
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r["end_reason"]] = reasons.get(r["end_reason"], 0) + 1
+    tokens = np.asarray(prompt_tokens or [0], dtype=np.float64)
+    return {
+        "questions": n,
+        "em": float(np.mean([r["em"] for r in records])),
+        "f1": float(np.mean([r["f1"] for r in records])),
+        "acc": float(np.mean([r["acc"] for r in records])),
+        "mean_turns": float(np.mean([r["turns"] for r in records])),
+        "searches_per_question": float(np.mean([r["searches"] for r in records])),
+        "prompt_tokens_per_turn": {
+            "mean": float(tokens.mean()),
+            "max": float(tokens.max()),
+            **{f"p{p}": float(np.percentile(tokens, p)) for p in PERCENTILES},
+        },
+        "prompt_tokens_by_turn": [float(np.mean(values)) for values in by_turn],
+        "format_failure_rate": sum(reasons.get(k, 0) for k in FORMAT_FAILURES) / n,
+        "answered_rate": reasons.get("answer", 0) / n,
+        "end_reasons": dict(sorted(reasons.items())),
+    }
+
+
+def _average(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Unweighted mean over datasets, as the paper's "Avg." column."""
+    scored = [s for s in summaries.values() if s.get("questions")]
+    if not scored:
+        return {}
+    keys = ("em", "f1", "acc", "mean_turns", "searches_per_question", "format_failure_rate")
+    return {k: float(np.mean([s[k] for s in scored])) for k in keys}
+
+
+# -- running -------------------------------------------------------------------------------------
+
+Done = Callable[[Trajectory], None]
+
+
+def _lockstep(
+    examples: Sequence[QAExample],
+    llm: Any,
+    retriever: Retriever,
+    config: EvalConfig,
+    templates: Templates | None,
+    on_done: Done,
+) -> None:
+    for start in range(0, len(examples), config.batch_size):
+        chunk = examples[start : start + config.batch_size]
+        episodes = start_episodes(
+            config.agent, chunk, llm.tokenizer, config.agent_config, templates,
+            llm.max_context_tokens,
+        )  # fmt: skip
+        for trajectory in run_lockstep(episodes, llm, retriever, config.sampling):
+            on_done(trajectory)
+
+
+def _async(
+    examples: Sequence[QAExample],
+    llm: Any,
+    retriever: Retriever,
+    config: EvalConfig,
+    templates: Templates | None,
+    on_done: Done,
+) -> None:
+    from memsearcher.agent.async_driver import run_async
+
+    if not hasattr(llm, "agenerate"):
+        raise MemSearcherError("the async driver needs an HTTP backend (--backend openai)")
+    episodes = start_episodes(
+        config.agent, examples, llm.tokenizer, config.agent_config, templates,
+        llm.max_context_tokens,
+    )  # fmt: skip
+    asyncio.run(
+        run_async(
+            episodes,
+            llm,
+            retriever,
+            config.sampling,
+            concurrency=config.concurrency,
+            on_done=lambda _, trajectory: on_done(trajectory),
+        )
+    )
+
+
+DRIVERS: dict[str, Callable[..., None]] = {"lockstep": _lockstep, "async": _async}
+
+
+def _check_settings(out: Path, settings: dict[str, Any]) -> None:
+    path = out / "settings.json"
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+        if changed:
+            raise MemSearcherError(
+                f"{out} holds a run with other settings ({', '.join(changed)}); "
+                "resume with the same settings or choose another --out"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def _answer_missing(
+    name: str,
+    examples: Sequence[QAExample],
+    path: Path,
+    llm: LLM,
+    retriever: Retriever,
+    config: EvalConfig,
+    templates: Templates | None,
+    progress: bool,
+) -> None:
+    """Run the questions of ``examples`` not yet in ``path``, appending each as it ends."""
+    from tqdm import tqdm
+
+    done = {r["id"] for r in read_predictions(path)}
+    todo = [e for e in examples if e.id not in done]
+    logger.info("%s: %d questions, %d saved, %d to run", name, len(examples), len(done), len(todo))
+    if not todo:
+        return
+    writer = PredictionWriter(path)
+    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name,
+              disable=not progress, unit="q") as bar:  # fmt: skip
+
+        def save(trajectory: Trajectory) -> None:
+            writer.write(prediction_record(name, trajectory))
+            bar.update(1)
+
+        try:
+            DRIVERS[config.driver](todo, llm, retriever, config, templates, save)
+        finally:
+            writer.close()
+
+
+def run_eval(
+    datasets: dict[str, list[QAExample]],
+    llm: LLM,
+    retriever: Retriever,
+    config: EvalConfig,
+    out: str | Path,
+    templates: Templates | None = None,
+    info: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Answer every question not yet saved under ``out``, then write and return the summary.
+
+    ``info`` (model, retriever, ...) is saved with the settings and must match on resume.
+    """
+    out = Path(out)
+    _check_settings(out, {**config.settings(), **(info or {})})
+    # datasets run earlier into the same folder stay in the summary
+    summaries: dict[str, dict[str, Any]] = {}
+    if (out / "summary.json").is_file():
+        summaries.update(json.loads((out / "summary.json").read_text("utf-8"))["datasets"])
+    for name, examples in datasets.items():
+        path = out / name / "predictions.jsonl"
+        _answer_missing(name, examples, path, llm, retriever, config, templates, progress)
+        wanted = {e.id for e in examples}
+        records = [r for r in read_predictions(path) if r["id"] in wanted]
+        summaries[name] = s = summarize(records)
+        if not records:
+            continue
+        logger.info(
+            "eval/%s: em=%.4f f1=%.4f acc=%.4f turns=%.2f format_failures=%.3f",
+            name, s["em"], s["f1"], s["acc"], s["mean_turns"], s["format_failure_rate"],
+        )  # fmt: skip
+    summary = {
+        "datasets": summaries,
+        "average": _average(summaries),
+        "settings": {**config.settings(), **(info or {})},
+    }
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out / "summary.json")
+    return summary

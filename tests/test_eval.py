@@ -1,0 +1,232 @@
+"""Evaluation runs: FlashRAG reading, resume after a kill, summary fields, the report.
+
+The end-to-end tests run the real CLI on the embedded model and BM25 index. The untrained
+135M model rarely follows the protocol, so EM is about 0; what is checked is the mechanics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memsearcher.cli import main
+from memsearcher.data.flashrag import load_benchmarks, read_examples, resolve_dataset
+from memsearcher.errors import MemSearcherError
+from memsearcher.eval.metrics import exact_match
+from memsearcher.eval.report import format_table, load_rows
+from memsearcher.eval.run import (
+    EvalConfig,
+    PredictionWriter,
+    read_predictions,
+    run_eval,
+    summarize,
+)
+from memsearcher.llm.hf import HFModel
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import QAExample
+
+ROWS = [
+    {"id": "q0", "question": "Who wrote Hamlet?", "golden_answers": ["William Shakespeare"]},
+    {"id": "q1", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
+    {"id": "q2", "question": "Which planet is the red planet?", "golden_answers": ["Mars"]},
+    {"id": "q3", "question": "Who painted the Mona Lisa?", "golden_answers": ["Leonardo"]},
+]
+SMALL = ["--max-turns", "2", "--max-new-tokens", "32", "--memory-tokens", "32"]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# -- reading FlashRAG files ----------------------------------------------------------------------
+
+
+def test_dataset_names_resolve_to_flashrag_splits(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "nq" / "test.jsonl", ROWS[:2])
+    write_jsonl(tmp_path / "hotpotqa" / "dev.jsonl", ROWS[2:])
+    write_jsonl(tmp_path / "hotpotqa" / "test.jsonl", ROWS[:1])  # hidden answers: not used
+    assert resolve_dataset(tmp_path, "hotpotqa").name == "dev.jsonl"
+    assert resolve_dataset(tmp_path, "nq").name == "test.jsonl"
+    found = load_benchmarks(tmp_path)
+    assert list(found) == ["nq", "hotpotqa"]
+    assert [e.id for e in found["hotpotqa"]] == ["q2", "q3"]
+    assert list(load_benchmarks(tmp_path, ["nq"], limit=1)["nq"]) == [
+        QAExample("q0", "Who wrote Hamlet?", ("William Shakespeare",))
+    ]
+    with pytest.raises(MemSearcherError, match="musique"):
+        load_benchmarks(tmp_path, ["musique"])
+
+
+def test_parquet_and_jsonl_read_the_same(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{**r, "id": i} for i, r in enumerate(ROWS)]  # integer ids become strings
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test.parquet")
+    write_jsonl(tmp_path / "test.jsonl", rows)
+    assert read_examples(tmp_path / "test.parquet") == read_examples(tmp_path / "test.jsonl")
+    assert read_examples(tmp_path / "test.parquet")[0].id == "0"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"id": "a", "question": "q?"}, "golden_answers"),
+        ({"id": "a", "question": " ", "golden_answers": ["x"]}, "question"),
+        ({"id": "a", "question": "q?", "golden_answers": []}, "empty"),
+    ],
+)
+def test_bad_rows_are_named(tmp_path: Path, row: dict, message: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [row])
+    with pytest.raises(MemSearcherError, match=message):
+        read_examples(path)
+
+
+def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(MemSearcherError, match="duplicate id"):
+        read_examples(write_jsonl(tmp_path / "d.jsonl", [ROWS[0], ROWS[0]]))
+
+
+# -- predictions file and summary ------------------------------------------------------------------
+
+
+def test_torn_last_line_is_ignored_and_cut(tmp_path: Path) -> None:
+    path = tmp_path / "predictions.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c", "pred', encoding="utf-8")
+    assert [r["id"] for r in read_predictions(path)] == ["a", "b"]
+    writer = PredictionWriter(path)
+    writer.write({"id": "c"})
+    writer.close()
+    assert [r["id"] for r in read_predictions(path)] == ["a", "b", "c"]
+    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n', encoding="utf-8")
+    with pytest.raises(MemSearcherError, match="damaged"):
+        read_predictions(path)
+
+
+def test_summary_by_hand() -> None:
+    def record(em: float, reason: str, tokens: list[int], searches: int) -> dict:
+        return {
+            "em": em, "f1": em / 2, "acc": 1.0, "end_reason": reason, "turns": len(tokens),
+            "searches": searches, "prompt_tokens": tokens,
+        }  # fmt: skip
+
+    s = summarize(
+        [
+            record(1.0, "answer", [100, 120], 1),
+            record(0.0, "format_error", [100], 0),
+            record(0.0, "length", [100, 140, 160], 2),
+            record(1.0, "answer", [100], 0),
+        ]
+    )
+    assert s["questions"] == 4
+    assert s["em"] == 0.5 and s["f1"] == 0.25 and s["acc"] == 1.0
+    assert s["mean_turns"] == 7 / 4 and s["searches_per_question"] == 3 / 4
+    assert s["format_failure_rate"] == 0.5 and s["answered_rate"] == 0.5
+    assert s["prompt_tokens_by_turn"] == [100.0, 130.0, 160.0]
+    tokens = s["prompt_tokens_per_turn"]
+    assert tokens["p50"] == 100.0 and tokens["max"] == 160.0
+    assert tokens["mean"] == pytest.approx(820 / 7)
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "memsearcher.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_eval_cli_survives_a_kill_and_resumes(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "data" / "nq" / "test.jsonl", ROWS)
+    out = tmp_path / "run"
+    args = ["eval", "--data", str(data.parent.parent), "--datasets", "nq", "--out", str(out)]
+    args += [*SMALL, "--batch-size", "1", "--no-progress"]
+    predictions = out / "nq" / "predictions.jsonl"
+    first = _cli(*args)
+    deadline = time.monotonic() + 240
+    while len(read_predictions(predictions)) < 1 and first.poll() is None:
+        assert time.monotonic() < deadline, "no prediction saved in time"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    saved = predictions.read_text(encoding="utf-8")
+    kept = read_predictions(predictions)
+    assert 1 <= len(kept) < len(ROWS), "the kill should land mid-run"
+
+    second = _cli(*args)
+    stdout, stderr = second.communicate(timeout=600)
+    assert second.returncode == 0, stderr
+    records = read_predictions(predictions)
+    # the questions finished before the kill were not redone: their lines are untouched
+    assert predictions.read_text(encoding="utf-8").startswith(saved.rsplit("\n", 1)[0])
+    assert sorted(r["id"] for r in records) == [r["id"] for r in ROWS]
+    assert [r["id"] for r in records[: len(kept)]] == [r["id"] for r in kept]
+
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    nq = summary["datasets"]["nq"]
+    recomputed = sum(
+        exact_match(r["trajectory"]["answer"] or "", r["golden_answers"]) for r in records
+    ) / len(records)
+    assert nq["em"] == recomputed
+    assert nq["questions"] == len(ROWS)
+    for key in ("f1", "acc", "mean_turns", "searches_per_question", "format_failure_rate"):
+        assert key in nq
+    assert set(nq["prompt_tokens_per_turn"]) >= {"p50", "p90", "p99", "mean", "max"}
+    for r in records:
+        assert r["trajectory"]["example"]["id"] == r["id"]
+        assert r["turns"] == len(r["trajectory"]["turns"]) <= 2
+        assert r["prompt_tokens"] == [t["prompt_tokens"] for t in r["trajectory"]["turns"]]
+    assert "nq" in stdout and "EM" in stdout
+
+    # a finished run resumes to a no-op; other settings are refused
+    assert main(args) == 0
+    assert read_predictions(predictions) == records
+    assert main([*args, "--max-turns", "3"]) == 2
+
+
+@pytest.mark.slow
+def test_eval_in_process_and_report(
+    tmp_path: Path, llm: HFModel, retriever: Retriever, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = [QAExample(r["id"], r["question"], tuple(r["golden_answers"])) for r in ROWS[:2]]
+    runs = []
+    for agent in ("memsearcher", "react"):
+        config = EvalConfig(agent=agent, max_turns=2, max_new_tokens=32, memory_tokens=32)
+        out = tmp_path / agent
+        summary = run_eval({"bamboogle": examples}, llm, retriever, config, out, progress=False)
+        assert summary["datasets"]["bamboogle"]["questions"] == 2
+        assert summary["settings"]["agent"] == agent
+        runs.append(str(out))
+    rows = load_rows(runs)
+    assert [(r["run"], r["dataset"]) for r in rows] == [
+        ("memsearcher", "bamboogle"),
+        ("react", "bamboogle"),
+    ]
+    table = format_table(rows)
+    assert "EM" in table.splitlines()[0] and "react" in table
+    plots = tmp_path / "plots"
+    assert main(["eval", "report", *runs, "--plots", str(plots)]) == 0
+    assert "memsearcher" in capsys.readouterr().out
+    assert (plots / "tokens_per_turn_bamboogle.png").stat().st_size > 1000
+    assert main(["eval", "report", str(tmp_path / "nothing")]) == 2
+
+
+def test_eval_needs_data_and_out(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--out", "x"]) == 2
+    assert "--data" in capsys.readouterr().err
