@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from memsearcher.api.commands import add_serve_command
 from memsearcher.ask import add_ask_command
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.commands import add_eval_command
@@ -32,6 +33,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_index_command,
     add_retriever_command,
     add_eval_command,
+    add_serve_command,
 ]
 
 

@@ -1,0 +1,1 @@
+"""The agent behind an HTTP API (``memsearcher serve``); see :mod:`memsearcher.api.app`."""

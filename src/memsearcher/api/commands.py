@@ -1,0 +1,72 @@
+"""``memsearcher serve``: the agent behind an HTTP API. Heavy imports stay in the handler."""
+
+from __future__ import annotations
+
+import argparse
+
+from memsearcher.eval.commands import add_model_arguments, open_llm
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="answer questions with the agent over HTTP (POST /v1/answer)",
+        description="Serve the search agent: POST /v1/answer returns the answer and the "
+        "trajectory; POST /v1/chat/completions answers the last user message.",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
+    where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
+    parser.add_argument("--agent", choices=("memsearcher", "react"), default="memsearcher")
+    parser.add_argument("--max-turns", type=int, default=20, help="default and upper bound")
+    parser.add_argument("--memory-tokens", type=int, default=1024)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--top-n", type=int, default=5)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    parser.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
+    parser.add_argument("--host", default="127.0.0.1", help="default: loopback only")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--max-pending", type=int, default=64, help="more get 503")
+    parser.add_argument("--max-batch", type=int, default=16, help="questions per batch")
+    parser.add_argument("--name", default="memsearcher", help="model name in the API")
+    add_model_arguments(parser)
+    parser.set_defaults(func=run_serve)
+
+
+def build_service(args: argparse.Namespace) -> tuple[object, str]:
+    """The app the options describe, and the name it serves under."""
+    from memsearcher.agent import AgentConfig, load_templates
+    from memsearcher.api.app import AgentService, ServeConfig, create_app
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.llm import SamplingParams
+    from memsearcher.retrieval import open_retriever
+
+    try:
+        agent_config = AgentConfig(
+            max_turns=args.max_turns,
+            memory_tokens=args.memory_tokens,
+            max_new_tokens=args.max_new_tokens,
+            top_n=args.top_n,
+            max_top_n=max(args.top_n, AgentConfig.max_top_n),
+        )
+        sampling = SamplingParams(temperature=args.temperature, seed=0)
+        config = ServeConfig(
+            max_turns=args.max_turns, max_pending=args.max_pending, max_batch=args.max_batch
+        )
+    except ValueError as error:
+        raise MemSearcherError(str(error)) from error
+    templates = load_templates(args.templates)
+    retriever = open_retriever(args.index or args.retriever)
+    llm = open_llm(args)
+    service = AgentService(llm, retriever, args.agent, agent_config, sampling, config, templates)
+    return create_app(service, args.name), args.name
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from memsearcher.retrieval.dense import require
+
+    uvicorn = require("uvicorn", "server")
+    app, _ = build_service(args)
+    # one process: the model lives in it, and the service batches the requests itself
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    return 0

@@ -1,0 +1,49 @@
+"""Start a real server in a subprocess on 127.0.0.1 and wait until it answers."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(
+    command: Sequence[str], probe: str, log_path: Path, env: dict[str, str], timeout: float = 180
+) -> Iterator[subprocess.Popen]:
+    """Run ``command`` until the ``with`` block ends; ``probe`` is a URL that answers 200 once
+    the server is up."""
+    log = log_path.open("w+")
+    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"server did not start:\n{log.read()[-4000:]}")
+            try:
+                if httpx.get(probe, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
