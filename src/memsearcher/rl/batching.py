@@ -23,6 +23,8 @@ __all__ = [
     "collate",
     "padding_share",
     "plan_micro_batches",
+    "response_logprobs",
+    "right_aligned",
     "sequence_logprobs",
 ]
 
@@ -129,3 +131,32 @@ def padding_share(batches: Sequence[MicroBatch]) -> float:
     """Padding tokens / all tokens processed, over ``batches``."""
     padded = sum(b.padded_tokens for b in batches)
     return 0.0 if padded == 0 else 1.0 - sum(b.real_tokens for b in batches) / padded
+
+
+@torch.no_grad()
+def response_logprobs(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    token_budget: int,
+    pad_id: int,
+    temperature: float = 1.0,
+) -> list[torch.Tensor]:
+    """Per sequence, the (len(response),) log-probs of its response tokens, on the CPU."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    lengths = [len(s.input_ids) for s in sequences]
+    for plan in plan_micro_batches(lengths, token_budget):
+        batch = collate(sequences, plan, pad_id)
+        logprobs = sequence_logprobs(model, batch, temperature).float().cpu()  # (B, R)
+        for row, index in enumerate(plan):
+            out[index] = logprobs[row, logprobs.shape[1] - len(sequences[index].response_ids) :]
+    return out
+
+
+def right_aligned(values: Sequence[torch.Tensor], batch: MicroBatch) -> torch.Tensor:
+    """(B, R): per-sequence response values laid out like ``batch.targets``."""
+    span = batch.targets.shape[1]
+    out = torch.zeros((len(batch.indices), span), dtype=torch.float32)
+    for row, index in enumerate(batch.indices):
+        value = values[index]
+        out[row, span - value.numel() :] = value
+    return out

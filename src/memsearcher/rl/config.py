@@ -44,7 +44,7 @@ class ModelConfig:
     """auto, cpu or cuda; under distributed launch each rank takes cuda:LOCAL_RANK."""
     lora_rank: int = 0
     """0 trains every weight; > 0 trains LoRA adapters of this rank (peft)."""
-    lora_alpha: float = 32.0
+    lora_alpha: int = 32
     """LoRA scaling numerator."""
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Module names that get LoRA adapters."""

@@ -1,0 +1,298 @@
+"""Multi-context GRPO (DESIGN.md section 6), top to bottom.
+
+Each step: roll out G trajectories for each of this rank's questions; score them; normalize the
+rewards within each group; give every turn sequence its trajectory's advantage; recompute the
+old (and reference) log-probs; run PPO epochs over mini-batches with gradient accumulation;
+log; checkpoint. MemSearcher and ReAct share this path: a ReAct trajectory is one sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from memsearcher.agent import load_templates, run_lockstep, start_episodes
+from memsearcher.data.qa import read_qa
+from memsearcher.errors import MemSearcherError
+from memsearcher.eval.metrics import exact_match
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFModel
+from memsearcher.retrieval import open_retriever
+from memsearcher.rl.advantages import group_advantages
+from memsearcher.rl.batching import (
+    collate,
+    padding_share,
+    plan_micro_batches,
+    response_logprobs,
+    right_aligned,
+    sequence_logprobs,
+)
+from memsearcher.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memsearcher.rl.config import GRPOConfig, config_to_dict
+from memsearcher.rl.loss import AGGREGATIONS, policy_loss
+from memsearcher.rl.rewards import get_reward
+from memsearcher.rl.runtime import (
+    MetricsLog,
+    draw,
+    frozen_copy,
+    init_runtime,
+    load_policy,
+    make_optimizer,
+    make_scheduler,
+    no_sync,
+    reduce_mean,
+    seed_everything,
+    wrap_for_training,
+)
+from memsearcher.types import Trajectory
+
+__all__ = ["train_grpo"]
+
+# What one micro-batch's share of its mini-batch is counted in, per aggregation, so that
+# gradient accumulation gives exactly the loss of the whole mini-batch in one pass.
+UNIT_COUNTS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    "token-mean": lambda mask, traj: float(mask.sum()),
+    "sequence-mean": lambda mask, traj: float((mask.sum(dim=1) > 0).sum()),
+    "trajectory-mean": lambda mask, traj: float(traj[mask.sum(dim=1) > 0].unique().numel()),
+}
+
+
+def train_grpo(
+    config: GRPOConfig, resume: bool = False, echo: Callable[[str], None] | None = None
+) -> Path:
+    """Train; return the output folder (its ``step-N`` folders are the checkpoints)."""
+    if config.aggregation not in AGGREGATIONS:
+        raise MemSearcherError(
+            f"unknown aggregation {config.aggregation!r}; choose from {sorted(AGGREGATIONS)}"
+        )
+    runtime = init_runtime(config.model.device)
+    if config.questions_per_step % (
+        runtime.world_size * config.updates_per_step // config.ppo_epochs
+    ):
+        raise MemSearcherError(
+            f"questions_per_step ({config.questions_per_step}) must split evenly over "
+            f"{runtime.world_size} ranks and their mini-batches"
+        )
+    seed_everything(config.seed)
+    output = Path(config.output_dir)
+    questions = read_qa(config.data)
+    reward_fn = get_reward(config.reward)
+    templates = load_templates(config.templates)
+    retriever = open_retriever(config.retriever)
+    model, hf_tokenizer = load_policy(config.model, runtime)
+    # Full fine-tuning keeps a frozen copy of the start as the KL reference; LoRA gets it for
+    # free by switching its adapters off.
+    lora = hasattr(model, "disable_adapter")
+    reference = frozen_copy(model) if config.beta > 0 and not lora else None
+    llm = HFModel(model, hf_tokenizer, batch_size=config.model.rollout_batch_size)
+    pad_id = llm.tokenizer.pad_token_id
+    learner = wrap_for_training(model, runtime)
+    optimizer = make_optimizer(model, config.optim)
+    total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
+    scheduler = make_scheduler(optimizer, config.optim, total_steps * config.updates_per_step)
+    start = 0
+    checkpoint = latest_checkpoint(output) if resume else None
+    if resume and checkpoint is None:
+        raise MemSearcherError(f"--resume: no checkpoint in {output}")
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"]
+    log = MetricsLog(output, runtime, config.tensorboard, echo)
+    log.config(config_to_dict(config))
+    group = config.group_size
+    per_rank = config.questions_per_step // runtime.world_size
+    minis_per_epoch = config.questions_per_step // config.mini_batch_questions
+    bar = tqdm(total=total_steps, initial=start, disable=not runtime.is_main, desc="grpo")
+
+    for step in range(start + 1, total_steps + 1):
+        step_start = time.perf_counter()
+        # 1. Rollouts: this rank's shard of the step's questions, a whole group per rank, the
+        # G trajectories of a question adjacent.
+        step_ids = draw(
+            len(questions),
+            (step - 1) * config.questions_per_step,
+            config.questions_per_step,
+            config.seed,
+        )
+        mine = [questions[i] for i in step_ids[runtime.rank :: runtime.world_size]]
+        model.eval()
+        episodes = start_episodes(
+            config.agent_name,
+            [q for q in mine for _ in range(group)],
+            llm.tokenizer,
+            config.agent,
+            templates,
+            llm.max_context_tokens,
+        )
+        sampling = SamplingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=(config.seed * 1_000_003 + step) * 1009 + runtime.rank,
+        )
+        trajectories = run_lockstep(episodes, llm, retriever, sampling)
+        rollout_time = time.perf_counter() - step_start
+
+        # 2. Rewards, then group-relative advantages.
+        rewards = torch.tensor([reward_fn(t) for t in trajectories], dtype=torch.float32)
+        advantages, metrics = group_advantages(rewards, group, config.normalize_std)
+        degenerate = (rewards.view(-1, group) == rewards.view(-1, group)[:, :1]).all(dim=1)
+        metrics.update(rollout_metrics(trajectories, rewards))
+
+        # 3. Learner sequences: every turn of trajectory j carries A_j.
+        sequences, seq_adv, seq_traj = [], [], []
+        for j, trajectory in enumerate(trajectories):
+            if config.filter_degenerate and degenerate[j // group]:
+                continue
+            for sequence in trajectory.sequences:
+                sequences.append(sequence)
+                seq_adv.append(float(advantages[j]))
+                seq_traj.append(j)
+        if not sequences:  # every group filtered: keep one with zero weight for DDP's sake
+            sequences, seq_adv, seq_traj = [trajectories[0].sequences[0]], [0.0], [0]
+        adv_all = torch.tensor(seq_adv)  # (S,)
+        traj_all = torch.tensor(seq_traj)  # (S,)
+        lengths = [len(s.input_ids) for s in sequences]
+
+        # 4. Old log-probs from the current weights (as veRL), and reference log-probs.
+        old = response_logprobs(
+            model, sequences, config.micro_batch_tokens, pad_id, config.temperature
+        )
+        ref: list[torch.Tensor] | None = None
+        if config.beta > 0:
+            with model.disable_adapter() if lora else nullcontext():
+                ref = response_logprobs(
+                    reference or model,
+                    sequences,
+                    config.micro_batch_tokens,
+                    pad_id,
+                    config.temperature,
+                )
+
+        # 5. PPO epochs over mini-batches of questions; accumulate, then one optimizer step.
+        learner_start = time.perf_counter()
+        model.train()
+        sums: dict[str, float] = {}
+        batches = []
+        updates = 0
+        for epoch in range(config.ppo_epochs):
+            order = list(range(per_rank))
+            random.Random(f"{config.seed}/{step}/{epoch}").shuffle(order)
+            for mini in range(minis_per_epoch):
+                chosen = set(order[mini::minis_per_epoch])
+                members = [s for s in range(len(sequences)) if seq_traj[s] // group in chosen]
+                units = _units(members, seq_traj, config.aggregation)
+                plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
+                if not plans:  # this rank drew only filtered groups: a zero-weight pass
+                    plans, scale = [[0]], 0.0
+                else:
+                    scale = 1.0
+                mask_all = [collate(sequences, plan, pad_id) for plan in plans]
+                total = sum(
+                    UNIT_COUNTS[config.aggregation](b.loss_mask, traj_all[list(b.indices)])
+                    for b in mask_all
+                )
+                for k, batch in enumerate(mask_all):
+                    index = list(batch.indices)
+                    with no_sync(learner, sync=k == len(mask_all) - 1):
+                        logprobs = sequence_logprobs(learner, batch, config.temperature)
+                        loss, parts = policy_loss(
+                            logprobs,
+                            right_aligned(old, batch).to(logprobs.device),
+                            adv_all[index].to(logprobs.device),
+                            batch.loss_mask.to(logprobs.device),
+                            config.clip_low,
+                            config.clip_high,
+                            ref_logprobs=None
+                            if ref is None
+                            else right_aligned(ref, batch).to(logprobs.device),
+                            beta=config.beta,
+                            aggregation=config.aggregation,
+                            trajectory_ids=traj_all[index].to(logprobs.device),
+                        )
+                        share = UNIT_COUNTS[config.aggregation](
+                            batch.loss_mask, traj_all[index]
+                        ) / max(total, 1.0)
+                        (loss * share * scale).backward()
+                    for key, part in {"train/loss": loss.detach(), **parts}.items():
+                        sums[key] = sums.get(key, 0.0) + float(part) * share
+                    batches.append(batch)
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in model.parameters() if p.requires_grad],
+                    config.optim.max_grad_norm or float("inf"),
+                )
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + grad_norm.item()
+                updates += 1
+        model.eval()
+
+        # 6. Log, samples, checkpoint.
+        learner_time = time.perf_counter() - learner_start
+        metrics.update({key: total / updates for key, total in sums.items()})
+        metrics["train/lr"] = float(scheduler.get_last_lr()[0])
+        metrics["train/padding_share"] = padding_share(batches)
+        metrics["train/tokens_per_s"] = sum(b.padded_tokens for b in batches) / learner_time
+        metrics["time/rollout"] = rollout_time
+        metrics["time/learner"] = learner_time
+        metrics["time/step"] = time.perf_counter() - step_start
+        metrics = reduce_mean(metrics, runtime)
+        if step % config.log_every == 0 or step == total_steps:
+            log.log(step, total_steps, metrics)
+        if runtime.is_main and config.sample_every and step % config.sample_every == 0:
+            save_samples(output / "samples" / f"step-{step}.jsonl", trajectories[:group], rewards)
+        if step % config.save_every == 0 or step == total_steps:
+            state = {"kind": "grpo", "data_position": step * config.questions_per_step}
+            save_checkpoint(output, step, model, hf_tokenizer, optimizer, scheduler, state, runtime)
+        bar.update(1)
+    bar.close()
+    log.close()
+    return output
+
+
+def _units(members: list[int], seq_traj: list[int], aggregation: str) -> list[list[int]]:
+    """Sequences that must share a micro-batch: a trajectory's, for trajectory-mean."""
+    if aggregation != "trajectory-mean":
+        return [[s] for s in members]
+    by_trajectory: dict[int, list[int]] = {}
+    for s in members:
+        by_trajectory.setdefault(seq_traj[s], []).append(s)
+    return list(by_trajectory.values())
+
+
+def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:
+    """Reward, answer and shape statistics of one step's trajectories."""
+    turns = [len(t.turns) for t in trajectories]
+    prompts = [turn.prompt_tokens for t in trajectories for turn in t.turns]
+    em = [
+        exact_match(t.answer, t.example.golden_answers) if t.well_formed and t.answer else 0.0
+        for t in trajectories
+    ]
+    n = len(trajectories)
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std(correction=0).item(),
+        "reward/em": sum(em) / n,
+        "rollout/format_failure": sum(t.end_reason == "format_error" for t in trajectories) / n,
+        "rollout/well_formed": sum(t.well_formed for t in trajectories) / n,
+        "rollout/turns": sum(turns) / n,
+        "rollout/prompt_tokens": sum(prompts) / max(1, len(prompts)),
+        "rollout/searches": sum(t.num_searches for t in trajectories) / n,
+        "rollout/sequences": float(sum(len(t.sequences) for t in trajectories)),
+    }
+
+
+def save_samples(path: Path, trajectories: list[Trajectory], rewards: torch.Tensor) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for trajectory, reward in zip(trajectories, rewards.tolist(), strict=False):
+            record: dict[str, Any] = {"reward": reward, **trajectory.to_dict()}
+            out.write(json.dumps(record) + "\n")

@@ -1,0 +1,147 @@
+"""Supervised fine-tuning on agent trajectories: the paper's distillation baseline.
+
+The input is trajectory JSONL as the agent writes it (one ``Trajectory.to_dict()`` per line).
+Every turn sequence is trained on its own loss mask, so tokens the environment inserted (tool
+responses, template glue) are never learned. The loss is the mean negative log-likelihood over
+the masked tokens of each optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
+from memsearcher.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memsearcher.rl.config import SFTConfig, config_to_dict
+from memsearcher.rl.runtime import (
+    MetricsLog,
+    draw,
+    init_runtime,
+    load_policy,
+    make_optimizer,
+    make_scheduler,
+    no_sync,
+    reduce_mean,
+    seed_everything,
+    wrap_for_training,
+)
+from memsearcher.types import TokenSequence, Trajectory
+
+__all__ = ["read_trajectories", "train_sft"]
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Trajectories from JSONL; a bad line raises `MemSearcherError` naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise MemSearcherError(f"{path}: no such trajectory file")
+    out = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Trajectory.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+                raise MemSearcherError(f"{path}:{number}: not a trajectory ({error})") from None
+    return out
+
+
+def train_sft(
+    config: SFTConfig, resume: bool = False, echo: Callable[[str], None] | None = None
+) -> Path:
+    """Train; return the output folder (its ``step-N`` folders are the checkpoints)."""
+    runtime = init_runtime(config.model.device)
+    seed_everything(config.seed)
+    output = Path(config.output_dir)
+    trajectories = read_trajectories(config.data)
+    sequences: list[TokenSequence] = [
+        s
+        for t in trajectories
+        if t.well_formed or not config.only_well_formed
+        for s in t.sequences
+        if any(s.loss_mask)
+    ]
+    if not sequences:
+        raise MemSearcherError(f"{config.data}: no trainable sequences")
+    model, hf_tokenizer = load_policy(config.model, runtime)
+    pad_id = hf_tokenizer.pad_token_id
+    pad_id = pad_id if pad_id is not None else hf_tokenizer.eos_token_id
+    learner = wrap_for_training(model, runtime)
+    optimizer = make_optimizer(model, config.optim)
+    total_steps = config.steps or math.ceil(
+        config.epochs * len(sequences) / config.sequences_per_step
+    )
+    scheduler = make_scheduler(optimizer, config.optim, total_steps)
+    start = 0
+    checkpoint = latest_checkpoint(output) if resume else None
+    if resume and checkpoint is None:
+        raise MemSearcherError(f"--resume: no checkpoint in {output}")
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"]
+    log = MetricsLog(output, runtime, config.tensorboard, echo)
+    log.config(config_to_dict(config))
+    bar = tqdm(total=total_steps, initial=start, disable=not runtime.is_main, desc="sft")
+    model.train()
+
+    for step in range(start + 1, total_steps + 1):
+        step_start = time.perf_counter()
+        chosen = draw(
+            len(sequences),
+            (step - 1) * config.sequences_per_step,
+            config.sequences_per_step,
+            config.seed,
+        )
+        mine = chosen[runtime.rank :: runtime.world_size]
+        lengths = {i: len(sequences[i].input_ids) for i in mine}
+        plans = plan_micro_batches(
+            [lengths.get(i, 0) for i in range(len(sequences))],
+            config.micro_batch_tokens,
+            [[i] for i in mine],
+        )
+        batches = [collate(sequences, plan, pad_id) for plan in plans]
+        tokens = sum(float(b.loss_mask.sum()) for b in batches)
+        nll = 0.0
+        for k, batch in enumerate(batches):
+            with no_sync(learner, sync=k == len(batches) - 1):
+                logprobs = sequence_logprobs(learner, batch)  # (B, R)
+                mask = batch.loss_mask.to(logprobs.device)  # (B, R)
+                loss = -(logprobs * mask).sum() / max(tokens, 1.0)
+                loss.backward()
+            nll += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad],
+            config.optim.max_grad_norm or float("inf"),
+        )
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        elapsed = time.perf_counter() - step_start
+        metrics = {
+            "train/loss": nll,
+            "train/grad_norm": grad_norm.item(),
+            "train/lr": float(scheduler.get_last_lr()[0]),
+            "train/tokens": tokens,
+            "train/padding_share": padding_share(batches),
+            "train/tokens_per_s": sum(b.padded_tokens for b in batches) / elapsed,
+            "time/step": elapsed,
+        }
+        metrics = reduce_mean(metrics, runtime)
+        if step % config.log_every == 0 or step == total_steps:
+            log.log(step, total_steps, metrics)
+        if step % config.save_every == 0 or step == total_steps:
+            state = {"kind": "sft", "data_position": step * config.sequences_per_step}
+            save_checkpoint(output, step, model, hf_tokenizer, optimizer, scheduler, state, runtime)
+        bar.update(1)
+    bar.close()
+    log.close()
+    return output

@@ -1,0 +1,214 @@
+"""GRPO and SFT end to end on CPU: two steps each, checkpoints, and an exact resume.
+
+The policy is a tiny Llama built from a config with the embedded SmolLM2 tokenizer (see
+`tiny_model.py`); the agent loop, the embedded BM25 retriever and the learner are the real ones.
+An untrained model never answers, so every graded reward is 0 and every group degenerate;
+the GRPO tests therefore register a reward that varies with the generated text (the length of
+the first action, mod 5), which is enough to give non-zero advantages and real updates.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_model import save_tiny_model
+
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.replay import search_then_answer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFTokenizer
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval.base import Retriever
+from memsearcher.rl.checkpoint import latest_checkpoint
+from memsearcher.rl.config import GRPOConfig, SFTConfig, load_config
+from memsearcher.rl.rewards import REWARDS
+from memsearcher.rl.train_grpo import train_grpo
+from memsearcher.rl.train_sft import train_sft
+from memsearcher.types import QAExample, Trajectory
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "questions.jsonl"
+    rows = [
+        {"id": str(i), "question": f"Where was person {i} born?", "golden_answers": ["Paris"]}
+        for i in range(8)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def length_reward(monkeypatch: pytest.MonkeyPatch) -> str:
+    def reward(trajectory: Trajectory) -> float:
+        return float(len(trajectory.turns[0].action_text) % 5) / 5 if trajectory.turns else 0.0
+
+    monkeypatch.setitem(REWARDS, "test-length", reward)
+    return "test-length"
+
+
+def grpo_config(tiny: Path, questions: Path, out: Path, *overrides: str) -> GRPOConfig:
+    return load_config(
+        GRPOConfig,
+        None,
+        [
+            f"data={questions}",
+            f"output_dir={out}",
+            f"model.path={tiny}",
+            "model.device=cpu",
+            "steps=2",
+            "questions_per_step=4",
+            "mini_batch_questions=2",
+            "group_size=3",
+            "agent.max_new_tokens=12",
+            "agent.memory_tokens=12",
+            "agent.max_turns=2",
+            "optim.lr=1e-3",
+            "micro_batch_tokens=1600",
+            "beta=0.01",
+            "save_every=1",
+            "sample_every=1",
+            *overrides,
+        ],
+    )
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(checkpoint / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+def read_metrics(out: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_grpo_two_steps_then_resume_from_step_one(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    full = train_grpo(grpo_config(tiny, questions, tmp_path / "full", f"reward={length_reward}"))
+    assert latest_checkpoint(full) == full / "step-2"
+    metrics = read_metrics(full)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("reward/mean", "reward/std", "reward/em", "rollout/format_failure", "train/kl"):
+        assert key in metrics[0]
+    assert metrics[0]["train/grad_norm"] > 0
+    assert (full / "samples" / "step-1.jsonl").is_file()
+    assert any((full / "tensorboard").iterdir())
+    start = weights_of_model(tiny)
+    assert any(not torch.equal(start[k], v) for k, v in weights(full / "step-2").items())
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "step-1", resumed / "step-1")
+    config = grpo_config(tiny, questions, resumed, f"reward={length_reward}")
+    train_grpo(config, resume=True)
+    assert [m["step"] for m in read_metrics(resumed)] == [2]
+    assert_same_weights(full / "step-2", resumed / "step-2")
+    state = json.loads((resumed / "step-2" / "state.json").read_text())
+    assert state["step"] == 2
+    assert not list(resumed.glob(".step-*"))  # no staging folder left behind
+
+
+def weights_of_model(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_one_mini_batch_one_epoch_is_exactly_on_policy(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    """With one update per step the ratio is 1 and nothing is clipped: old log-probs are
+    recomputed from the very weights being trained."""
+    config = grpo_config(
+        tiny,
+        questions,
+        tmp_path / "out",
+        f"reward={length_reward}",
+        "steps=1",
+        "mini_batch_questions=4",
+        "beta=0",
+    )
+    train_grpo(config)
+    (metrics,) = read_metrics(tmp_path / "out")
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["train/clip_fraction"] == 0.0
+    assert "train/kl" not in metrics
+
+
+@pytest.fixture(scope="module")
+def replay_trajectories(
+    tiny: Path, tmp_path_factory: pytest.TempPathFactory, retriever: Retriever
+) -> Path:
+    """Protocol-perfect trajectories from the replay policy, written as the agent writes them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(tiny))
+    examples = [QAExample(str(i), f"Who founded city {i}?", ("Romulus",)) for i in range(6)]
+    llm = ScriptedLLM(tokenizer, search_then_answer(1, "Romulus", memory_words=10))
+    config = AgentConfig(max_turns=3, memory_tokens=64, max_new_tokens=64)
+    episodes = start_episodes("memsearcher", examples, tokenizer, config)
+    trajectories = run_lockstep(episodes, llm, retriever, SamplingParams())
+    assert all(t.well_formed and len(t.sequences) == 2 for t in trajectories)
+    path = tmp_path_factory.mktemp("sft") / "trajectories.jsonl"
+    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
+    return path
+
+
+def sft_config(tiny: Path, data: Path, out: Path, *overrides: str) -> SFTConfig:
+    return load_config(
+        SFTConfig,
+        None,
+        [
+            f"data={data}",
+            f"output_dir={out}",
+            f"model.path={tiny}",
+            "model.device=cpu",
+            "steps=2",
+            "sequences_per_step=4",
+            "micro_batch_tokens=1200",
+            "optim.lr=1e-3",
+            "save_every=1",
+            *overrides,
+        ],
+    )
+
+
+@pytest.mark.slow
+def test_sft_two_steps_then_resume_from_step_one(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path
+) -> None:
+    full = train_sft(sft_config(tiny, replay_trajectories, tmp_path / "full"))
+    losses = [m["train/loss"] for m in read_metrics(full)]
+    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "step-1", resumed / "step-1")
+    train_sft(sft_config(tiny, replay_trajectories, resumed), resume=True)
+    assert_same_weights(full / "step-2", resumed / "step-2")
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path
+) -> None:
+    from memsearcher.errors import MemSearcherError
+
+    with pytest.raises(MemSearcherError, match="no checkpoint in"):
+        train_sft(sft_config(tiny, replay_trajectories, tmp_path / "none"), resume=True)
