@@ -254,6 +254,16 @@ def test_fuzzed_requests_never_500(http: httpx.Client, path: str, payload: Any) 
     response.json()
 
 
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=st.binary(max_size=300))
+def test_fuzzed_bytes_never_500(http: httpx.Client, body: bytes) -> None:
+    response = http.post("/batch_search", content=body, headers=JSON)
+    assert 400 <= response.status_code < 500 or response.status_code == 200, response.text
+    response.json()
+
+
 @pytest.mark.slow
 def test_concurrent_clients(server: str) -> None:
     """32 clients, 2,000 requests over all three search endpoints: no errors, bounded time."""
@@ -324,7 +334,8 @@ def test_client_large_batches_are_split(server: str, index: BM25Index) -> None:
         assert len(client.search(queries, 1)) == 30
 
 
-def test_serve_rejects_a_missing_index(tmp_path: Path) -> None:
+def test_serve_rejects_bad_setups(tmp_path: Path, index: BM25Index) -> None:
     from memsearcher.cli import main
 
     assert main(["retriever", "serve", "--index", str(tmp_path / "nope")]) == 2
+    assert main(["retriever", "serve", "--index", str(index.folder), "--nprobe", "4"]) == 2

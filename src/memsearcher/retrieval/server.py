@@ -343,11 +343,15 @@ def serve(
 
     uvicorn = require("uvicorn", "server")
 
+    load_options = dict(load_options or {})
     if index is not None:
-        read_manifest(index)  # fail here, with a clear message, not in every worker
+        kind = read_manifest(index)["kind"]  # fail here, with a clear message, not in workers
+        dense_only = sorted(set(load_options) - {"mmap"})
+        if kind == "bm25" and dense_only:
+            raise MemSearcherError(f"{dense_only} apply to dense and hybrid indexes, not bm25")
     os.environ[ENV_INDEX] = str(Path(index).resolve()) if index is not None else ""
     os.environ[ENV_OPTIONS] = json.dumps(
-        {"server": asdict(config or ServerConfig()), "load": load_options or {}}
+        {"server": asdict(config or ServerConfig()), "load": load_options}
     )
     uvicorn.run(
         "memsearcher.retrieval.server:app_from_env",
