@@ -102,7 +102,8 @@ def read_metrics(out: Path) -> list[dict[str, float]]:
 def test_grpo_two_steps_then_resume_from_step_one(
     tiny: Path, questions: Path, tmp_path: Path, length_reward: str
 ) -> None:
-    full = train_grpo(grpo_config(tiny, questions, tmp_path / "full", f"reward={length_reward}"))
+    full = tmp_path / "full"
+    train_grpo(grpo_config(tiny, questions, full, f"reward={length_reward}"))
     assert latest_checkpoint(full) == full / "step-2"
     metrics = read_metrics(full)
     assert [m["step"] for m in metrics] == [1, 2]
@@ -194,7 +195,8 @@ def sft_config(tiny: Path, data: Path, out: Path, *overrides: str) -> SFTConfig:
 def test_sft_two_steps_then_resume_from_step_one(
     tiny: Path, replay_trajectories: Path, tmp_path: Path
 ) -> None:
-    full = train_sft(sft_config(tiny, replay_trajectories, tmp_path / "full"))
+    full = tmp_path / "full"
+    train_sft(sft_config(tiny, replay_trajectories, full))
     losses = [m["train/loss"] for m in read_metrics(full)]
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
 

@@ -13,6 +13,7 @@ from memsearcher.ask import add_ask_command
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.commands import add_eval_command
 from memsearcher.retrieval.commands import add_index_command, add_retriever_command
+from memsearcher.rl.commands import add_train_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_ask_command,
     add_index_command,
     add_retriever_command,
+    add_train_command,
     add_eval_command,
     add_serve_command,
 ]

@@ -68,8 +68,8 @@ UNIT_COUNTS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
 
 def train_grpo(
     config: GRPOConfig, resume: bool = False, echo: Callable[[str], None] | None = None
-) -> Path:
-    """Train; return the output folder (its ``step-N`` folders are the checkpoints)."""
+) -> Any:
+    """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     if config.aggregation not in AGGREGATIONS:
         raise MemSearcherError(
             f"unknown aggregation {config.aggregation!r}; choose from {sorted(AGGREGATIONS)}"
@@ -255,7 +255,7 @@ def train_grpo(
         bar.update(1)
     bar.close()
     log.close()
-    return output
+    return model
 
 
 def _units(members: list[int], seq_traj: list[int], aggregation: str) -> list[list[int]]:

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -57,8 +58,8 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 
 def train_sft(
     config: SFTConfig, resume: bool = False, echo: Callable[[str], None] | None = None
-) -> Path:
-    """Train; return the output folder (its ``step-N`` folders are the checkpoints)."""
+) -> Any:
+    """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     runtime = init_runtime(config.model.device)
     seed_everything(config.seed)
     output = Path(config.output_dir)
@@ -144,4 +145,4 @@ def train_sft(
         bar.update(1)
     bar.close()
     log.close()
-    return output
+    return model

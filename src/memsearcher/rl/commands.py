@@ -1,0 +1,60 @@
+"""``memsearcher train grpo|sft --config FILE [--resume] [key=value ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tqdm import tqdm
+
+from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
+
+_TRAINERS = {
+    "grpo": (GRPOConfig, "multi-context GRPO with the agent in the loop"),
+    "sft": (SFTConfig, "supervised fine-tuning on trajectory JSONL (distillation baseline)"),
+}
+
+
+def add_train_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "train",
+        help="train a policy (GRPO or SFT)",
+        description="Train a policy. Runs as one process, or under torchrun / accelerate "
+        "launch with one data-parallel rank per process.",
+    )
+    trainers = parser.add_subparsers(dest="trainer", required=True, metavar="TRAINER")
+    for name, (_, help_text) in _TRAINERS.items():
+        sub = trainers.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--config", default=None, help="YAML preset (see configs/)")
+        sub.add_argument(
+            "--resume", action="store_true", help="continue from the latest checkpoint"
+        )
+        sub.add_argument(
+            "--print-config", action="store_true", help="print the resolved config and exit"
+        )
+        sub.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="KEY=VALUE",
+            help="override a config field, dotted for sections: optim.lr=1e-5",
+        )
+        sub.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config_class, _ = _TRAINERS[args.trainer]
+    config = load_config(config_class, args.config, args.overrides)
+    if args.print_config:
+        print(json.dumps(config_to_dict(config), indent=2))
+        return 0
+    if isinstance(config, GRPOConfig):
+        from memsearcher.rl.train_grpo import train_grpo
+
+        train_grpo(config, resume=args.resume, echo=tqdm.write)
+    else:
+        from memsearcher.rl.train_sft import train_sft
+
+        assert isinstance(config, SFTConfig)
+        train_sft(config, resume=args.resume, echo=tqdm.write)
+    print(f"checkpoints in {config.output_dir}")
+    return 0
