@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
 
-_TRAINERS = {
+_TRAINERS: dict[str, tuple[type[GRPOConfig] | type[SFTConfig], str]] = {
     "grpo": (GRPOConfig, "multi-context GRPO with the agent in the loop"),
     "sft": (SFTConfig, "supervised fine-tuning on trajectory JSONL (distillation baseline)"),
 }
@@ -43,7 +43,7 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config_class, _ = _TRAINERS[args.trainer]
-    config = load_config(config_class, args.config, args.overrides)
+    config: GRPOConfig | SFTConfig = load_config(config_class, args.config, args.overrides)
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
