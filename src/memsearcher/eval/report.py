@@ -115,6 +115,7 @@ def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list
 
         matplotlib.use("Agg")  # files only; no display needed
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise MemSearcherError("plots need matplotlib: pip install 'memsearcher[eval]'") from None
     folder = Path(folder)
@@ -129,6 +130,8 @@ def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list
         for row in by_dataset[name]:
             values = row["prompt_tokens_by_turn"]
             axes.plot(range(1, len(values) + 1), values, marker="o", label=row["run"])
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_ylim(bottom=0)  # from zero: a flat line and a rising one compare honestly
         axes.set_xlabel("turn")
         axes.set_ylabel("prompt tokens (mean)")
         axes.set_title(f"{name}: context size per turn")
