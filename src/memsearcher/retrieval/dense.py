@@ -253,6 +253,11 @@ def _make_faiss(config: FaissConfig, dim: int, rows: int) -> Any:
         return index
     if dim % config.pq_m:
         raise IndexFolderError(f"pq_m={config.pq_m} must divide the dimension {dim}")
+    if min(rows, config.train_size) < 39 * 2**config.pq_bits:
+        logger.warning(
+            "IVF-PQ with %d-bit codes trains poorly on fewer than %d vectors (have %d)",
+            config.pq_bits, 39 * 2**config.pq_bits, min(rows, config.train_size),
+        )  # fmt: skip
     nlist = config.nlist or default_nlist(rows)
     rotation = f"OPQ{config.pq_m}," if config.opq else ""
     spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}"
@@ -313,16 +318,7 @@ def build_dense(
     started = time.perf_counter()
     with building(out, overwrite) as tmp:
         if embeddings_from is not None:
-            source = Path(embeddings_from)
-            donor = read_manifest(source)
-            if donor["kind"] != "dense" or not donor["dense"].get("kept_embeddings"):
-                raise IndexFolderError(f"{source} is not a dense index that kept its embeddings")
-            store = open_store(source, donor, corpus)  # checks it is the same corpus
-            store.close()
-            shutil.copyfile(source / OFFSETS, tmp / OFFSETS)
-            shutil.copyfile(source / EMBEDDINGS_FILE, tmp / EMBEDDINGS_FILE)
-            offsets = np.load(tmp / OFFSETS)
-            dim, encoder_record = donor["dense"]["dim"], donor["dense"]["encoder"]
+            offsets, dim, encoder_record = _reuse_embeddings(Path(embeddings_from), corpus, tmp)
             encode_seconds = 0.0
         else:
             model = Encoder(encoder_config)
@@ -371,6 +367,19 @@ def build_dense(
         )
         write_manifest(tmp, manifest)
     return DenseIndex.load(out, corpus=corpus)
+
+
+def _reuse_embeddings(
+    source: Path, corpus: Path, folder: Path
+) -> tuple[np.ndarray, int, dict[str, Any]]:
+    """Copy the kept embeddings of another dense index of the same corpus into ``folder``."""
+    donor = read_manifest(source)
+    if donor["kind"] != "dense" or not donor["dense"].get("kept_embeddings"):
+        raise IndexFolderError(f"{source} is not a dense index that kept its embeddings")
+    open_store(source, donor, corpus).close()  # checks it indexed this very corpus
+    shutil.copyfile(source / OFFSETS, folder / OFFSETS)
+    shutil.copyfile(source / EMBEDDINGS_FILE, folder / EMBEDDINGS_FILE)
+    return np.load(folder / OFFSETS), donor["dense"]["dim"], donor["dense"]["encoder"]
 
 
 def _nlist(index: Any) -> int | None:
