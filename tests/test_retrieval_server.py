@@ -194,6 +194,8 @@ BAD_BODIES: list[tuple[str, bytes, dict[str, str], int]] = [
     ("invalid JSON", b'{"query": "x",', JSON, 422),
     ("not JSON at all", b"hello", JSON, 422),
     ("NaN top_n", b'{"query": "x", "top_n": NaN}', JSON, 422),
+    ("1e400 top_n", b'{"query": "x", "top_n": 1e400}', JSON, 422),
+    ("nested 100k deep", b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, 400),
     ("non-UTF-8", b'{"query": "caf\xe9"}', JSON, 400),
     ("UTF-16", '{"query": "x"}'.encode("utf-16"), JSON, 400),
     ("text/plain", b'{"query": "x"}', {"content-type": "text/plain"}, 415),
