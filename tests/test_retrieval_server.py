@@ -7,6 +7,7 @@ fuzz test, a concurrent load test, and the HTTP client against the same server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.bm25 import BM25Index, build_bm25
-from memsearcher.retrieval.client import HTTPRetriever, RetrievalServerError
+from memsearcher.retrieval.client import AsyncHTTPRetriever, HTTPRetriever, RetrievalServerError
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
 
@@ -328,6 +329,27 @@ def test_client_errors(server: str) -> None:
     with client, pytest.raises(RetrievalServerError, match="unreachable after 3 tries"):
         client.search([QUERY], 3)
     assert time.monotonic() - started < 10
+
+
+def test_async_client(server: str, index: BM25Index) -> None:
+    queries = [[QUERY], ["Eiffel Tower", ""], ["capital of Japan"]] * 10
+
+    async def run() -> list[list[list[Any]]]:
+        async with AsyncHTTPRetriever(server, max_queries=1) as client:
+            assert (await client.health())["status"] == "ok"
+            return await asyncio.gather(*(client.search(q, 3) for q in queries))
+
+    for batch, results in zip(queries, asyncio.run(run()), strict=True):
+        assert [[h.id for h in hits] for hits in results] == [
+            [h.id for h in hits] for hits in index.search(batch, 3)
+        ]
+
+    async def dead() -> None:
+        async with AsyncHTTPRetriever(f"http://127.0.0.1:{free_port()}", retries=1) as client:
+            await client.search([QUERY], 3)
+
+    with pytest.raises(RetrievalServerError, match="unreachable after 2 tries"):
+        asyncio.run(dead())
 
 
 def test_client_large_batches_are_split(server: str, index: BM25Index) -> None:
