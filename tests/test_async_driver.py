@@ -1,0 +1,139 @@
+"""The async driver with the real embedded model and BM25 index.
+
+The transformers backend is made awaitable by running its ``generate`` in a thread, one prompt
+per call; the lockstep driver gets the same one-prompt calls, so greedy decoding must give both
+drivers the same trajectories (batched prompts would add padding, which may change float sums).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.async_driver import run_async
+from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.llm.hf import HFModel
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import Hit, QAExample
+
+QUESTIONS = [
+    QAExample("a", "Who wrote Hamlet?", ("Shakespeare",)),
+    QAExample("b", "What is the capital of France?", ("Paris",)),
+    QAExample("c", "Which planet is red?", ("Mars",)),
+    QAExample("d", "Who painted the Mona Lisa?", ("Leonardo",)),
+]
+CONFIG = AgentConfig(max_turns=2, max_new_tokens=32, memory_tokens=32)
+
+
+class OnePromptAtATime:
+    """The HF backend, one prompt per forward, callable from both drivers."""
+
+    def __init__(self, llm: HFModel) -> None:
+        self.llm = llm
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.llm.tokenizer
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.llm.max_context_tokens
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        with self.lock:
+            return [self.llm.generate([p], params)[0] for p in prompts]
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            (completion,) = await asyncio.to_thread(self.generate, [prompt_ids], params)
+            return completion
+        finally:
+            self.in_flight -= 1
+
+
+class CountingRetriever:
+    def __init__(self, retriever: Retriever) -> None:
+        self.retriever, self.calls, self.queries = retriever, 0, 0
+
+    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        self.calls += 1
+        self.queries += len(queries)
+        return self.retriever.search(queries, top_n)
+
+
+@pytest.mark.slow
+def test_async_driver_agrees_with_lockstep(llm: HFModel, retriever: Retriever) -> None:
+    backend = OnePromptAtATime(llm)
+    counting = CountingRetriever(retriever)
+    greedy = SamplingParams()
+
+    def episodes() -> list:
+        return start_episodes(
+            "memsearcher", QUESTIONS, llm.tokenizer, CONFIG, None, llm.max_context_tokens
+        )
+
+    finished: list[str] = []
+    concurrent = asyncio.run(
+        run_async(
+            episodes(),
+            backend,
+            counting,
+            greedy,
+            concurrency=2,
+            on_done=lambda i, t: finished.append(t.example.id),
+        )
+    )
+    lockstep = run_lockstep(episodes(), backend, retriever, greedy)
+    assert [t.example.id for t in concurrent] == ["a", "b", "c", "d"]
+    assert sorted(finished) == ["a", "b", "c", "d"]
+    assert [t.to_dict() for t in concurrent] == [t.to_dict() for t in lockstep]
+    assert backend.most_in_flight <= 2
+    assert counting.queries == sum(t.num_searches for t in concurrent)
+
+
+def test_async_driver_rejects_bad_concurrency(llm: HFModel, retriever: Retriever) -> None:
+    episodes = start_episodes("memsearcher", QUESTIONS[:1], llm.tokenizer, CONFIG)
+    with pytest.raises(ValueError, match="concurrency"):
+        asyncio.run(run_async(episodes, OnePromptAtATime(llm), retriever, SamplingParams(), 0))
+
+
+class FailingRetriever:
+    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        raise RuntimeError("index is gone")
+
+
+class ScriptedSearch:
+    """Writes a tool call, whatever the prompt: every episode asks for a search."""
+
+    def __init__(self, llm: HFModel) -> None:
+        self.llm = llm
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.llm.tokenizer
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.llm.max_context_tokens
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        text = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": '
+        text += '{"query": "Hamlet"}}</tool_call>'
+        return Completion(tuple(self.llm.tokenizer.encode(text)), "stop")
+
+
+def test_a_failing_search_reaches_the_caller(llm: HFModel) -> None:
+    episodes = start_episodes("memsearcher", QUESTIONS, llm.tokenizer, CONFIG)
+    with pytest.raises(RuntimeError, match="index is gone"):
+        asyncio.run(run_async(episodes, ScriptedSearch(llm), FailingRetriever(), SamplingParams()))
