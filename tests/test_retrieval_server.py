@@ -28,6 +28,7 @@ from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.retrieval.client import AsyncHTTPRetriever, HTTPRetriever, RetrievalServerError
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
+from memsearcher.types import Hit
 
 QUERY = "Stanley Kubrick science fiction film"
 
@@ -363,3 +364,40 @@ def test_serve_rejects_bad_setups(tmp_path: Path, index: BM25Index) -> None:
 
     assert main(["retriever", "serve", "--index", str(tmp_path / "nope")]) == 2
     assert main(["retriever", "serve", "--index", str(index.folder), "--nprobe", "4"]) == 2
+
+
+class Recording:
+    """A retriever that records each call's batch, is slow, and fails on one query."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def search(self, queries: Any, top_n: int) -> list[list[Hit]]:
+        if "boom" in queries:
+            raise RuntimeError("index on fire")
+        self.calls.append(len(queries))
+        time.sleep(0.05)
+        return [[Hit(str(i), "T", q, 1.0)] for i, q in enumerate(queries)]
+
+
+def test_concurrent_requests_are_batched_and_failures_contained() -> None:
+    from fastapi.testclient import TestClient
+
+    from memsearcher.retrieval.server import create_app
+
+    retriever = Recording()
+    with TestClient(create_app(retriever), raise_server_exceptions=False) as client:
+        failed = client.post("/search", json={"query": "boom"})
+        assert failed.status_code == 500  # an index fault, not bad input
+        answers: list[Any] = []
+
+        def ask(i: int) -> None:
+            answers.append(client.post("/search", json={"query": f"q{i}", "top_n": 1}).json())
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert sorted(a[0]["contents"] for a in answers) == sorted(f'"T"\nq{i}' for i in range(16))
+    assert sum(retriever.calls) == 16 and max(retriever.calls) > 1  # merged into fewer calls

@@ -125,7 +125,6 @@ class Batcher:
         return await future
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = [await self.queue.get()]
             size = len(batch[0][0])
@@ -136,22 +135,27 @@ class Batcher:
             for queries, top_n, future in batch:
                 groups.setdefault(top_n, []).append((queries, future))
             for top_n, items in groups.items():
-                merged = [q for queries, _ in items for q in queries]
                 try:
-                    results = await loop.run_in_executor(
-                        self.executor, self.retriever.search, merged, top_n
-                    )
-                except Exception as error:  # the index failed: every waiting request hears it
+                    await self._search_group(top_n, items)
+                except Exception as error:  # this loop must outlive any failure, or all hang
                     logger.exception("search failed")
                     for _, future in items:
                         if not future.done():
                             future.set_exception(error)
-                    continue
-                start = 0
-                for queries, future in items:
-                    if not future.done():  # a client that went away cancelled its future
-                        future.set_result(results[start : start + len(queries)])
-                    start += len(queries)
+
+    async def _search_group(
+        self, top_n: int, items: list[tuple[list[str], asyncio.Future[list[list[Hit]]]]]
+    ) -> None:
+        merged = [q for queries, _ in items for q in queries]
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self.executor, self.retriever.search, merged, top_n)
+        if len(results) != len(merged):
+            raise RuntimeError(f"{len(results)} results for {len(merged)} queries")
+        start = 0
+        for queries, future in items:
+            if not future.done():  # a client that went away cancelled its future
+                future.set_result(results[start : start + len(queries)])
+            start += len(queries)
 
 
 class BodyGuard:
