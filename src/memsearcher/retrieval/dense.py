@@ -22,10 +22,10 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from memsearcher.retrieval.manifest import (
 from memsearcher.types import Hit
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EMBEDDED_ENCODER = "embedded"
 FAISS_FILE = "index.faiss"
@@ -153,6 +154,22 @@ def resolve_prefixes(config: EncoderConfig, model: Any) -> tuple[str, str]:
     )
 
 
+def _quietly(load: Callable[[], T]) -> T:
+    """Run ``load`` without transformers' weight-loading progress bar (noise on every query
+    command), restoring the setting after."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return load()
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return load()
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 class Encoder:
     """A sentence-transformers model with its prefixes, returning normalized float32 rows."""
 
@@ -160,7 +177,7 @@ class Encoder:
         st = require("sentence_transformers")
         source = str(embedded_encoder_path()) if config.name == EMBEDDED_ENCODER else config.name
         device = config.devices[0] if len(config.devices) == 1 else None
-        self.model = st.SentenceTransformer(source, device=device)
+        self.model = _quietly(lambda: st.SentenceTransformer(source, device=device))
         if config.half:
             self.model.half()
         if config.max_length is not None:
