@@ -342,7 +342,7 @@ def serve(
     access_log: bool = False,
 ) -> None:
     """Serve an index folder (None: the embedded BM25) until interrupted."""
-    from memsearcher.retrieval.dense import require
+    from memsearcher.retrieval.encoder import require
     from memsearcher.retrieval.manifest import read_manifest
 
     uvicorn = require("uvicorn", "server")
