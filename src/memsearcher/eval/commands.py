@@ -53,6 +53,7 @@ def open_llm(args: argparse.Namespace) -> Any:
         api=args.api,
         tokenizer=args.tokenizer,
         gpu_memory=args.gpu_memory,
+        concurrency=getattr(args, "concurrency", 64),
     )
 
 

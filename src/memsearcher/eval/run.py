@@ -258,16 +258,23 @@ def _async(
         config.agent, examples, llm.tokenizer, config.agent_config, templates,
         llm.max_context_tokens,
     )  # fmt: skip
-    asyncio.run(
-        run_async(
-            episodes,
-            llm,
-            retriever,
-            config.sampling,
-            concurrency=config.concurrency,
-            on_done=lambda _, trajectory: on_done(trajectory),
-        )
-    )
+
+    async def run_all() -> None:
+        try:
+            await run_async(
+                episodes,
+                llm,
+                retriever,
+                config.sampling,
+                concurrency=config.concurrency,
+                on_done=lambda _, trajectory: on_done(trajectory),
+            )
+        finally:
+            close = getattr(llm, "aclose", None)
+            if close is not None:
+                await close()
+
+    asyncio.run(run_all())
 
 
 DRIVERS: dict[str, Callable[..., None]] = {"lockstep": _lockstep, "async": _async}

@@ -7,7 +7,7 @@ from typing import Any
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, Completion, SamplingParams, Tokenizer
 
-__all__ = ["LLM", "Completion", "SamplingParams", "Tokenizer", "load_llm"]
+__all__ = ["LLM", "Completion", "SamplingParams", "Tokenizer", "load_llm", "load_tokenizer"]
 
 
 def load_llm(
@@ -29,4 +29,39 @@ def load_llm(
         from memsearcher.llm.hf import HFModel
 
         return HFModel.from_pretrained(path, device=device, batch_size=batch_size)
-    raise MemSearcherError(f"unknown backend {backend!r}; choose one of: hf")
+    if backend == "openai":
+        from memsearcher.llm.openai_http import OpenAIHTTPModel
+
+        if not options.get("base_url"):
+            raise MemSearcherError("--backend openai needs --base-url (the server's /v1 URL)")
+        tokenizer_path = options.get("tokenizer") or path
+        return OpenAIHTTPModel(
+            options["base_url"],
+            load_tokenizer(tokenizer_path),
+            model=options.get("served_model"),
+            api=options.get("api", "auto"),
+            concurrency=options.get("concurrency", 64),
+        )
+    if backend == "vllm":
+        from memsearcher.llm.vllm import VLLMModel
+
+        return VLLMModel.from_pretrained(path, gpu_memory=options.get("gpu_memory", 0.85))
+    raise MemSearcherError(f"unknown backend {backend!r}; choose one of: hf, openai, vllm")
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """A model folder's tokenizer, with the EOS ids of its generation config."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from memsearcher.llm.hf import HFTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as error:
+        raise MemSearcherError(f"cannot load the tokenizer of {path!r}: {error}") from error
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    extra = [eos] if isinstance(eos, int) else list(eos or [])
+    return HFTokenizer(tokenizer, extra)
