@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from memsearcher.rl.loss import token_logprobs
+from memsearcher.rl.runtime import unwrap
 from memsearcher.types import TokenSequence
 
 __all__ = [
@@ -51,13 +52,19 @@ class MicroBatch:
 
 
 def plan_micro_batches(
-    lengths: Sequence[int], token_budget: int, units: Sequence[Sequence[int]] | None = None
+    lengths: Sequence[int],
+    token_budget: int,
+    units: Sequence[Sequence[int]] | None = None,
+    max_row_padding: float = 0.1,
 ) -> list[list[int]]:
     """Sequence indices grouped into micro-batches of at most ``token_budget`` padded tokens.
 
     ``units`` are sets of sequences that must share a micro-batch (by default each sequence is
     its own unit); units are sorted by their longest sequence and packed greedily, longest
-    first. A unit over the budget on its own still gets a micro-batch of its own.
+    first. A micro-batch is also closed before a unit whose longest sequence is more than
+    ``max_row_padding`` shorter than the batch's width, so with single-sequence units no row
+    is more than that share padding. A unit over the budget on its own still gets a
+    micro-batch of its own.
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
@@ -70,7 +77,8 @@ def plan_micro_batches(
     for unit in order:
         unit_width = max(lengths[i] for i in unit)
         new_width = max(width, unit_width)
-        if current and (len(current) + len(unit)) * new_width > token_budget:
+        too_short = unit_width < (1.0 - max_row_padding) * width
+        if current and (too_short or (len(current) + len(unit)) * new_width > token_budget):
             plans.append(current)
             current, new_width = [], unit_width
         current += list(unit)
@@ -109,22 +117,38 @@ def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: 
 
 
 def sequence_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
-    """(B, R) log-probabilities of the last R tokens of each row under ``model``.
+    """(B, R) log-probabilities of the last R tokens of each row under ``model``; 0 where the
+    loss mask is 0.
 
-    Gradients flow when called outside ``torch.no_grad``. Positions with loss mask 0 hold
-    values that the loss ignores.
+    Only positions with loss mask 1 reach the output layer: a pre-hook on it keeps just their
+    hidden states, so tool responses inside the response window (often most of a MemSearcher
+    turn) cost no (V,)-wide logits. Gradients flow when called outside ``torch.no_grad``.
     """
     device = next(model.parameters()).device
     span = batch.targets.shape[1]
-    output = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        position_ids=batch.position_ids.to(device),
-        logits_to_keep=span + 1,
-        use_cache=False,
-    )
-    logits = output.logits[:, :-1]  # (B, R, V): position p predicts token p + 1
-    return token_logprobs(logits, batch.targets.to(device), temperature)  # (B, R)
+    # window column c of the last span + 1 hidden states predicts target c
+    rows, cols = batch.loss_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
+    rows, cols = rows.to(device), cols.to(device)
+
+    def keep_masked(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (args[0][rows, cols][None], *args[1:])  # (1, N, H)
+
+    head = unwrap(model).get_output_embeddings()
+    handle = head.register_forward_pre_hook(keep_masked)
+    try:
+        output = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention_mask.to(device),
+            position_ids=batch.position_ids.to(device),
+            logits_to_keep=span + 1,
+            use_cache=False,
+        )
+    finally:
+        handle.remove()
+    targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
+    picked = token_logprobs(output.logits, targets, temperature)[0]  # (N,)
+    out = picked.new_zeros(batch.targets.shape)  # (B, R)
+    return out.index_put((rows, cols), picked)
 
 
 def padding_share(batches: Sequence[MicroBatch]) -> float:

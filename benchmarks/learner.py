@@ -1,0 +1,116 @@
+"""Learner throughput and padding: length-bucketed micro-batches against naive padded batches.
+
+The sequences are real agent turn sequences: the replay policy (a random number of searches
+per question, 0 to 4) drives MemSearcher and ReAct through the real embedded tokenizer and BM25
+index, so lengths vary as in training (flat MemSearcher turns, growing ReAct conversations).
+Both layouts run the same forward and backward pass (`sequence_logprobs`, then a masked sum)
+over the same sequences with the same number of micro-batches; the naive one takes sequences
+in rollout order, as a plain padded DataLoader would. Reported: padding share of processed
+tokens, and real (non-pad) tokens per second, best of ``--repeats``.
+
+    python benchmarks/learner.py [--questions 24] [--budget 6144] [--model embedded|tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.replay import search_then_answer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFTokenizer
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval import load_embedded_retriever
+from memsearcher.rl.batching import (
+    MicroBatch,
+    collate,
+    padding_share,
+    plan_micro_batches,
+    sequence_logprobs,
+)
+from memsearcher.types import QAExample, TokenSequence
+
+
+def agent_sequences(tokenizer: HFTokenizer, questions: int, seed: int) -> list[TokenSequence]:
+    rng = random.Random(seed)
+    retriever = load_embedded_retriever()
+    config = AgentConfig(max_turns=5, memory_tokens=256, max_new_tokens=128, top_n=3)
+    sequences: list[TokenSequence] = []
+    for agent in ("memsearcher", "react"):
+        for i in range(questions):
+            searches = rng.randint(0, 4)
+            example = QAExample(str(i), f"Who founded the city number {i}?", ("x",))
+            llm = ScriptedLLM(tokenizer, search_then_answer(searches, "x", memory_words=60))
+            episodes = start_episodes(agent, [example], tokenizer, config)
+            (trajectory,) = run_lockstep(episodes, llm, retriever, SamplingParams())
+            sequences += trajectory.sequences
+    rng.shuffle(sequences)  # rollout order interleaves agents and turn counts
+    return sequences
+
+
+def time_pass(model: torch.nn.Module, batches: list[MicroBatch], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for batch in batches:
+            logprobs = sequence_logprobs(model, batch)
+            (logprobs * batch.loss_mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=24, help="per agent")
+    parser.add_argument("--budget", type=int, default=6144, help="padded tokens per micro-batch")
+    parser.add_argument("--model", choices=["embedded", "tiny"], default="tiny")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsearcher.llm.embedded import embedded_model_path
+
+    folder = embedded_model_path()
+    if args.model == "tiny":
+        sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+        from tiny_model import save_tiny_model
+
+        folder = save_tiny_model(Path(tempfile.mkdtemp()) / "tiny", hidden=128, layers=4)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    sequences = agent_sequences(HFTokenizer(tokenizer), args.questions, args.seed)
+    lengths = [len(s.input_ids) for s in sequences]
+    pad = tokenizer.pad_token_id
+
+    ours = [collate(sequences, p, pad) for p in plan_micro_batches(lengths, args.budget)]
+    size = -(-len(sequences) // len(ours))  # same number of micro-batches, in rollout order
+    naive = [
+        collate(sequences, range(i, min(i + size, len(sequences))), pad)
+        for i in range(0, len(sequences), size)
+    ]
+    real = sum(lengths)
+    print(
+        f"{len(sequences)} sequences, {real} tokens (lengths {min(lengths)}..{max(lengths)}), "
+        f"{len(ours)} micro-batches, model {args.model}, {torch.get_num_threads()} threads"
+    )
+    for name, batches in (("bucketed", ours), ("naive", naive)):
+        seconds = time_pass(model, batches, args.repeats)
+        processed = sum(b.padded_tokens for b in batches)
+        print(
+            f"{name:9s} padding {padding_share(batches):6.1%} of {processed} processed tokens; "
+            f"{real / seconds:8.0f} real tokens/s (fwd+bwd, {seconds:.2f}s)"
+        )
+
+
+if __name__ == "__main__":
+    main()
