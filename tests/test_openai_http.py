@@ -29,7 +29,9 @@ from memsearcher.llm.openai_http import (
     parse_chatml,
     to_completion,
 )
+from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.client import AsyncHTTPRetriever
 from memsearcher.types import QAExample
 
 needs_llama_cpp = pytest.mark.skipif(
@@ -107,6 +109,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("llama") / "server.log"
     url = f"http://127.0.0.1:{port}/v1"
     with running(command, f"{url}/models", log, {**os.environ, "OMP_NUM_THREADS": "1"}):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def search_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The retrieval server on the embedded BM25 index."""
+    port = free_port()
+    command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve", "--port", str(port)]
+    log = tmp_path_factory.mktemp("retriever") / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    with running(command, f"{url}/health", log, dict(os.environ)):
         yield url
 
 
@@ -190,9 +203,48 @@ def test_async_driver_matches_lockstep_over_http(
     assert [t.turns for t in concurrent] == [t.turns for t in lockstep]
 
 
+class AsyncScripted:
+    """A protocol-following policy (see llm/scripted.py), so that every episode searches: the
+    untrained model rarely does. Searches go to the real retrieval server."""
+
+    def __init__(self, llm: HFModel) -> None:
+        def reply(prompt: str, params: SamplingParams) -> str:
+            if params.stop == ("</memory>",):
+                return "<memory>Hamlet is a play by Shakespeare.</memory>"
+            if "Hamlet is a play" in prompt:
+                return "<think>known</think> \\boxed{Shakespeare}"
+            call = {"name": "wikipedia_search", "arguments": {"query": "Hamlet play"}}
+            return f"<think>search</think><tool_call>{json.dumps(call)}</tool_call>"
+
+        self.scripted = ScriptedLLM(llm.tokenizer, reply)
+        self.tokenizer, self.max_context_tokens = llm.tokenizer, llm.max_context_tokens
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        await asyncio.sleep(0)
+        return self.scripted.generate([prompt_ids], params)[0]
+
+
+@pytest.mark.slow
+def test_async_driver_awaits_the_retrieval_server(search_server: str, llm: HFModel) -> None:
+    examples = [QAExample(str(i), "Who wrote Hamlet?", ("Shakespeare",)) for i in range(6)]
+    config = AgentConfig(max_turns=3)
+    episodes = start_episodes("memsearcher", examples, llm.tokenizer, config)
+
+    async def run() -> list:
+        async with AsyncHTTPRetriever(search_server) as searcher:
+            return await run_async(episodes, AsyncScripted(llm), searcher, SamplingParams(), 3)
+
+    trajectories = asyncio.run(run())
+    for trajectory in trajectories:
+        assert trajectory.answer == "Shakespeare" and trajectory.num_searches == 1
+        assert len(trajectory.turns[0].hits) == config.top_n
+        assert any("Hamlet" in hit.title + hit.text for hit in trajectory.turns[0].hits)
+
+
 @pytest.mark.slow
 @needs_llama_cpp
-def test_eval_cli_over_http(server: str, tmp_path: Path) -> None:
+def test_eval_cli_over_http(server: str, search_server: str, tmp_path: Path) -> None:
+    """Model and retriever both behind HTTP: every search and generation is concurrent."""
     data = tmp_path / "bamboogle" / "test.jsonl"
     data.parent.mkdir()
     rows = [
@@ -204,9 +256,11 @@ def test_eval_cli_over_http(server: str, tmp_path: Path) -> None:
     args = ["eval", "--data", str(tmp_path), "--out", str(out), "--backend", "openai"]
     args += ["--base-url", server, "--max-turns", "2", "--max-new-tokens", "32"]
     args += ["--memory-tokens", "32", "--concurrency", "2", "--no-progress"]
+    args += ["--retriever", search_server]
     assert main(args) == 0
     records = read_predictions(out / "bamboogle" / "predictions.jsonl")
     assert sorted(r["id"] for r in records) == ["1", "2"]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["settings"]["backend"] == "openai"
+    assert summary["settings"]["retriever"] == search_server
     assert summary["datasets"]["bamboogle"]["questions"] == 2

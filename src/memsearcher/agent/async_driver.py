@@ -3,14 +3,16 @@
 An HTTP backend (vLLM, SGLang, llama.cpp) batches whatever requests are in flight, so the best
 a client can do is keep many of them in flight and never wait for the slowest trajectory of a
 round, as the lockstep driver must. Every episode is an asyncio task; a semaphore bounds how
-many run at once. Searches from all tasks are merged into batched calls of the (synchronous)
-retriever in one worker thread, so a local index is never called from two threads at once.
+many run at once. With a synchronous retriever (a local index), searches from all tasks are
+merged into batched calls in one worker thread, so the index is never called from two threads at
+once; an async retriever (``AsyncHTTPRetriever``) is awaited directly, and its server batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +42,28 @@ class AsyncLLM(Protocol):
     def max_context_tokens(self) -> int: ...
 
     async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
+
+
+class AsyncRetriever(Protocol):
+    """A retriever whose ``search`` is a coroutine (``AsyncHTTPRetriever``)."""
+
+    async def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]: ...
+
+
+class _Direct:
+    """An async retriever, one query per call: its server does the batching."""
+
+    def __init__(self, retriever: AsyncRetriever) -> None:
+        self.retriever = retriever
+
+    async def __aenter__(self) -> _Direct:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def search(self, query: str, top_n: int) -> list[Hit]:
+        return (await self.retriever.search([query], top_n))[0]
 
 
 class SearchBatcher:
@@ -97,7 +121,7 @@ class SearchBatcher:
 async def run_async(
     episodes: Sequence[Episode],
     llm: AsyncLLM,
-    retriever: Retriever,
+    retriever: Retriever | AsyncRetriever,
     sampling: SamplingParams,
     concurrency: int = 64,
     on_done: DoneCallback | None = None,
@@ -108,7 +132,9 @@ async def run_async(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     gate = asyncio.Semaphore(concurrency)
 
-    async def run_one(index: int, episode: Episode, searcher: SearchBatcher) -> Trajectory:
+    async def run_one(
+        index: int, episode: Episode, searcher: SearchBatcher | _Direct
+    ) -> Trajectory:
         async with gate:
             calls = 0
             while (request := episode.next_request()) is not None:
@@ -132,7 +158,12 @@ async def run_async(
             on_done(index, trajectory)
         return trajectory
 
-    async with SearchBatcher(retriever) as searcher:
+    searcher: SearchBatcher | _Direct
+    if inspect.iscoroutinefunction(getattr(retriever, "search", None)):
+        searcher = _Direct(retriever)  # type: ignore[arg-type]
+    else:
+        searcher = SearchBatcher(retriever)  # type: ignore[arg-type]
+    async with searcher:
         tasks = [
             asyncio.create_task(run_one(i, episode, searcher)) for i, episode in enumerate(episodes)
         ]

@@ -260,19 +260,26 @@ def _async(
     )  # fmt: skip
 
     async def run_all() -> None:
+        from memsearcher.retrieval.client import AsyncHTTPRetriever, HTTPRetriever
+
+        # a retrieval server gets its searches concurrently too, and batches them itself
+        searcher: Any = retriever
+        if isinstance(retriever, HTTPRetriever):
+            searcher = AsyncHTTPRetriever(retriever.url)
         try:
             await run_async(
                 episodes,
                 llm,
-                retriever,
+                searcher,
                 config.sampling,
                 concurrency=config.concurrency,
                 on_done=lambda _, trajectory: on_done(trajectory),
             )
         finally:
-            close = getattr(llm, "aclose", None)
-            if close is not None:
-                await close()
+            for resource in (llm, searcher):
+                close = getattr(resource, "aclose", None)
+                if close is not None:
+                    await close()
 
     asyncio.run(run_all())
 
