@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memsearcher.cli import main
 from memsearcher.data.flashrag import load_benchmarks, read_examples, resolve_dataset
@@ -110,6 +112,39 @@ def test_torn_last_line_is_ignored_and_cut(tmp_path: Path) -> None:
     path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n', encoding="utf-8")
     with pytest.raises(MemSearcherError, match="damaged"):
         read_predictions(path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["id", "text", "n"]), st.text(max_size=10) | st.integers()),
+        min_size=1,
+        max_size=5,
+    ),
+    st.data(),
+)
+def test_a_cut_anywhere_loses_at_most_the_last_record(
+    records: list[dict], data: st.DataObject
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "predictions.jsonl"
+        writer = PredictionWriter(path)
+        for record in records:
+            writer.write(record)
+        writer.close()
+        raw = path.read_bytes()
+        cut = data.draw(st.integers(0, len(raw)))
+        path.write_bytes(raw[:cut])
+        kept = read_predictions(path)
+        assert kept == records[: len(kept)]
+        assert len(kept) >= raw[:cut].count(b"\n")
+        writer = PredictionWriter(path)  # resuming cuts the torn tail before appending
+        writer.write({"id": "next"})
+        writer.close()
+        # what counted as saved stays saved
+        assert read_predictions(path) == [*kept, {"id": "next"}]
 
 
 def test_summary_by_hand() -> None:

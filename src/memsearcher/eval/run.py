@@ -128,14 +128,15 @@ def read_predictions(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    # bytes, not text: a write cut mid-character must not make the whole file unreadable
+    lines = path.read_bytes().split(b"\n")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             if number == len(lines):  # no newline after it: the write was cut short
                 logger.warning("%s: ignoring a torn last line", path)
                 break
@@ -146,14 +147,22 @@ def read_predictions(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _truncate_torn_tail(path: Path) -> None:
-    """Cut a partial last line so that the next append starts on a line of its own."""
+    """Make the file end on a line break before appending: a last line without one is cut off,
+    unless it is a whole record (the crash came just before its newline), which is kept."""
     if not path.is_file():
         return
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    if end == len(data):
+        return
+    try:
+        json.loads(data[end:].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
         with path.open("r+b") as file:
             file.truncate(end)
+    else:  # read_predictions counted it as done, so it must stay
+        with path.open("ab") as file:
+            file.write(b"\n")
 
 
 class PredictionWriter:
