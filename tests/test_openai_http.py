@@ -264,3 +264,29 @@ def test_eval_cli_over_http(server: str, search_server: str, tmp_path: Path) -> 
     assert summary["settings"]["backend"] == "openai"
     assert summary["settings"]["retriever"] == search_server
     assert summary["datasets"]["bamboogle"]["questions"] == 2
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_serve_over_an_http_model(server: str, tmp_path: Path) -> None:
+    """memsearcher serve --backend openai: each question is its own task on the model server."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    port = free_port()
+    command = [sys.executable, "-m", "memsearcher.cli", "serve", "--port", str(port)]
+    command += ["--backend", "openai", "--base-url", server, "--max-turns", "2"]
+    command += ["--max-new-tokens", "24", "--memory-tokens", "24"]
+    url = f"http://127.0.0.1:{port}"
+    with running(command, f"{url}/health", tmp_path / "serve.log", dict(os.environ)):
+
+        def ask(question: str) -> httpx.Response:
+            return httpx.post(f"{url}/v1/answer", json={"question": question}, timeout=300)
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, ["Who wrote Hamlet?", "Where is Paris?", "Why?"]))
+        for response in answers:
+            assert response.status_code == 200, response.text
+            assert response.json()["turns"] >= 1
+        assert httpx.post(f"{url}/v1/answer", json={"question": ""}).status_code == 422

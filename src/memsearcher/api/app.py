@@ -10,9 +10,10 @@
 
 Requests waiting at the same moment are answered together: one worker thread takes them as
 one lockstep batch (``max_batch`` questions), so the model sees batched prompts under load and
-a lone request waits for nobody. Inputs are bounded (``ServeConfig``); a bad request gets a 4xx
-with a JSON ``detail``, and a full queue gets 503 with ``Retry-After``. The server binds
-127.0.0.1 unless told otherwise.
+a lone request waits for nobody. With an HTTP model (``--backend openai``) each question runs
+as its own asyncio task instead, and the model's server does the batching. Inputs are bounded
+(``ServeConfig``); a bad request gets a 4xx with a JSON ``detail``, and a full queue gets 503
+with ``Retry-After``. The server binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -126,11 +127,25 @@ class AgentService:
         self.pending += 1
         try:
             example = QAExample(id=uuid.uuid4().hex, question=question, golden_answers=())
+            if hasattr(self.llm, "agenerate"):
+                return await self._answer_alone(example, agent_config)
             future: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
             await self.queue.put((example, agent_config, future))
             return await future
         finally:
             self.pending -= 1
+
+    async def _answer_alone(self, example: QAExample, agent_config: AgentConfig) -> Trajectory:
+        """An HTTP model batches on its server: each question runs as its own task."""
+        from memsearcher.agent.async_driver import run_async
+
+        (episode,) = start_episodes(
+            self.agent, [example], self.llm.tokenizer, agent_config, self.templates,
+            self.llm.max_context_tokens,
+        )  # fmt: skip
+        llm: Any = self.llm  # an AsyncLLM: it has agenerate
+        (trajectory,) = await run_async([episode], llm, self.retriever, self.sampling)
+        return trajectory
 
     def _answer_batch(self, items: list[tuple[QAExample, AgentConfig]]) -> list[Trajectory]:
         episodes = [
