@@ -1,0 +1,134 @@
+"""GRPO must raise mean reward on a task where reward is easy to measure.
+
+Setup, with the real agent loop, the real embedded BM25 retriever and the real trainers:
+
+- a tiny Llama (random init, SmolLM2 tokenizer) is warm-started by SFT on protocol-perfect
+  MemSearcher trajectories (search once, write a fixed memory, answer); for every question
+  half of them answer "Paris" (gold) and half "London", so after SFT the policy writes the
+  protocol well but picks the answer about evenly: graded reward about 0.1 + 0.9 * 0.5;
+- GRPO then trains on the same questions with the graded reward (1.0 for Paris, 0.1 for a
+  well-formed London, 0 for a malformed trajectory).
+
+The only way up is to learn which answer is rewarded, which is what GRPO's group-relative
+advantage teaches. Rollouts sample at temperature 0.7 (log-probs use the same temperature, so
+the update stays on-policy): at 1.0 the tiny model's long vocabulary tail breaks about one
+trajectory in five and drowns the signal in format failures.
+
+Why the margin holds: a step's mean over 32 trajectories with reward std about 0.45 has a
+standard error of about 0.08, so the difference between the mean of the last 3 steps and of the
+first 2 has one of about 0.075 when nothing is learned; 0.2 is over 2.5 of those. Measured with
+these seeds: 0.44, 0.61, then 0.86-0.94 from step 4 on (about 3-7 s per step on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_model import save_tiny_model
+
+from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFTokenizer
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval.base import Retriever
+from memsearcher.rl.config import GRPOConfig, SFTConfig, load_config
+from memsearcher.rl.train_grpo import train_grpo
+from memsearcher.rl.train_sft import train_sft
+from memsearcher.types import QAExample
+
+TEMPLATES = {
+    "memsearcher_system": "Search, then answer in a box.",
+    "memsearcher_tool_response": (
+        "<tool_response>\n{passages}\n</tool_response>\nUpdate your memory."
+    ),
+}
+PLACES = [
+    "France",
+    "Europe",
+    "Seine",
+    "Louvre",
+    "Eiffel Tower",
+    "Notre-Dame",
+    "Versailles",
+    "Montmartre",
+]
+AGENT = ["agent.max_turns=2", "agent.memory_tokens=16", "agent.max_new_tokens=48", "agent.top_n=1"]
+SFT_STEPS = 100
+GRPO_STEPS = 8
+
+
+def policy(answer: str):  # type: ignore[no-untyped-def]
+    """Search once with a fixed query, keep a fixed memory, then answer ``answer``."""
+    call = '{"name": "wikipedia_search", "arguments": {"query": "landmarks of the city"}}'
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        if "</memory>" in params.stop:
+            return "<memory> noted </memory>"
+        if "<memory> noted </memory>" in prompt:
+            return f"<think> done </think>\n\\boxed{{{answer}}}"
+        return f"<think> search </think>\n<tool_call>{call}</tool_call>"
+
+    return reply
+
+
+@pytest.mark.slow
+def test_grpo_raises_mean_reward(tmp_path: Path, retriever: Retriever) -> None:
+    from transformers import AutoTokenizer
+
+    tiny = save_tiny_model(tmp_path / "tiny")
+    templates_file = tmp_path / "templates.yaml"
+    templates_file.write_text(yaml.safe_dump(TEMPLATES))
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(tiny))
+    questions = [
+        QAExample(f"q{i}", f"Which city has the {p}?", ("Paris",)) for i, p in enumerate(PLACES)
+    ]
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text(
+        "".join(
+            json.dumps({"id": q.id, "question": q.question, "golden_answers": ["Paris"]}) + "\n"
+            for q in questions
+        )
+    )
+
+    config = AgentConfig(max_turns=2, memory_tokens=16, max_new_tokens=48, top_n=1)
+    trajectories = []
+    for answer in ("Paris", "London"):
+        episodes = start_episodes(
+            "memsearcher", questions, tokenizer, config, Templates(**TEMPLATES)
+        )
+        llm = ScriptedLLM(tokenizer, policy(answer))
+        trajectories += run_lockstep(episodes, llm, retriever, SamplingParams())
+    assert all(t.well_formed and len(t.sequences) == 2 for t in trajectories)
+    sft_data = tmp_path / "sft.jsonl"
+    sft_data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
+
+    sft = load_config(
+        SFTConfig,
+        None,
+        [f"data={sft_data}", f"output_dir={tmp_path / 'sft'}", f"model.path={tiny}",
+         "model.device=cpu", f"steps={SFT_STEPS}", "sequences_per_step=16", "optim.lr=5e-3",
+         f"save_every={SFT_STEPS}", "tensorboard=false"],
+    )  # fmt: skip
+    train_sft(sft)
+
+    grpo = load_config(
+        GRPOConfig,
+        None,
+        [f"data={questions_file}", f"output_dir={tmp_path / 'grpo'}",
+         f"model.path={tmp_path / 'sft' / f'step-{SFT_STEPS}' / 'model'}", "model.device=cpu",
+         f"templates={templates_file}", f"steps={GRPO_STEPS}", "questions_per_step=8",
+         "mini_batch_questions=8", "group_size=4", "temperature=0.7", "optim.lr=1e-3",
+         "beta=0", "tensorboard=false", "sample_every=0", f"save_every={GRPO_STEPS}", *AGENT],
+    )  # fmt: skip
+    train_grpo(grpo)
+
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").open()]
+    rewards = [m["reward/mean"] for m in metrics]
+    print("reward/mean per step:", [round(r, 3) for r in rewards])
+    assert len(rewards) == GRPO_STEPS
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
+    assert last - first > 0.2, rewards
+    assert metrics[-1]["reward/em"] > metrics[0]["reward/em"]
