@@ -8,7 +8,13 @@ import pytest
 import torch
 from tiny_model import save_tiny_model
 
-from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
+from memsearcher.rl.batching import (
+    collate,
+    padding_share,
+    plan_micro_batches,
+    right_aligned,
+    sequence_logprobs,
+)
 from memsearcher.rl.loss import token_logprobs
 from memsearcher.types import TokenSequence
 
@@ -82,3 +88,52 @@ def test_logprob_gradient_flows(tiny: torch.nn.Module) -> None:
     grads = [p.grad for p in tiny.parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
     tiny.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean", "trajectory-mean"])
+def test_accumulated_gradient_equals_the_whole_mini_batch(
+    tiny: torch.nn.Module, aggregation: str
+) -> None:
+    """Split into micro-batches of one or two sequences (sequences of a trajectory split
+    apart where the aggregation allows it), the weighted backward passes sum to the gradient
+    of `policy_loss` over the whole mini-batch at once. Masked-token counts differ per
+    sequence, so a wrong weight would show."""
+    from memsearcher.rl.config import GRPOConfig
+    from memsearcher.rl.loss import policy_loss
+    from memsearcher.rl.train_grpo import _units, accumulate_gradients
+
+    sequences = random_sequences(6, seed=3)
+    trajectory_ids = torch.tensor([0, 0, 1, 2, 2, 2])
+    advantages = torch.tensor([0.5, 0.5, -1.0, 1.5, 1.5, 1.5])
+    config = GRPOConfig(aggregation=aggregation, beta=0.1, clip_low=0.2, clip_high=0.3)
+    with torch.no_grad():
+        whole = collate(sequences, range(6), pad_id=0)
+        base = sequence_logprobs(tiny, whole)
+    # old and reference log-probs off the current ones, so ratios and KL are not trivial
+    noise = torch.Generator().manual_seed(0)
+    old = [base[i, base.shape[1] - len(s.response_ids) :] + 0.3 * torch.randn(
+        len(s.response_ids), generator=noise) for i, s in enumerate(sequences)]  # fmt: skip
+    ref = [value - 0.2 for value in old]
+
+    def gradient() -> list[torch.Tensor]:
+        grads = [p.grad.clone() for p in tiny.parameters()]  # type: ignore[union-attr]
+        tiny.zero_grad(set_to_none=True)
+        return grads
+
+    logprobs = sequence_logprobs(tiny, whole)
+    loss, _ = policy_loss(
+        logprobs, right_aligned(old, whole), advantages, whole.loss_mask, 0.2, 0.3,
+        ref_logprobs=right_aligned(ref, whole), beta=0.1, aggregation=aggregation,
+        trajectory_ids=trajectory_ids,
+    )  # fmt: skip
+    loss.backward()
+    expected = gradient()
+
+    units = _units(list(range(6)), trajectory_ids.tolist(), aggregation)
+    plans = plan_micro_batches([len(s.input_ids) for s in sequences], 1, units)
+    assert len(plans) > 2
+    micro = [collate(sequences, plan, pad_id=0) for plan in plans]
+    metrics = accumulate_gradients(tiny, micro, old, ref, advantages, trajectory_ids, config)
+    for got, want in zip(gradient(), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
+    assert metrics["train/loss"] == pytest.approx(float(loss), rel=1e-5)

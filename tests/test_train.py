@@ -214,3 +214,61 @@ def test_resume_without_a_checkpoint_is_a_clear_error(
 
     with pytest.raises(MemSearcherError, match="no checkpoint in"):
         train_sft(sft_config(tiny, replay_trajectories, tmp_path / "none"), resume=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean", "trajectory-mean"])
+def test_accumulation_over_micro_batches_equals_one_big_batch(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str, aggregation: str
+) -> None:
+    """The same step with the mini-batch in one pass or split into many micro-batches has the
+    same gradient (its norm, before clipping, is logged) and ends in the same weights: the
+    per-micro-batch weights make accumulation exact. The norm matters because Adam's first
+    update is nearly scale-free, so equal weights alone would not catch a uniform error."""
+    ends, norms = [], []
+    for budget in (100_000, 700):
+        out = tmp_path / str(budget)
+        config = grpo_config(
+            tiny, questions, out, f"reward={length_reward}", "steps=1",
+            f"aggregation={aggregation}", f"micro_batch_tokens={budget}", "optim.lr=1e-4",
+            "optim.max_grad_norm=0", "sample_every=0", "tensorboard=false",
+        )  # fmt: skip
+        train_grpo(config)
+        ends.append(out / "step-1")
+        norms.append(read_metrics(out)[0]["train/grad_norm"])
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
+    wa, wb = weights(ends[0]), weights(ends[1])
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+def test_lora_with_kl_to_the_adapter_free_model_and_resume(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    lora = ["model.lora_rank=4", "model.lora_targets=[q_proj,v_proj]", f"reward={length_reward}"]
+    full = tmp_path / "full"
+    train_grpo(grpo_config(tiny, questions, full, *lora))
+    assert (full / "step-2" / "model" / "adapter_model.safetensors").is_file()
+    assert "train/kl" in read_metrics(full)[0]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "step-1", resumed / "step-1")
+    train_grpo(grpo_config(tiny, questions, resumed, *lora), resume=True)
+    a = load_file(full / "step-2" / "model" / "adapter_model.safetensors")
+    b = load_file(resumed / "step-2" / "model" / "adapter_model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+def test_degenerate_groups_are_counted_and_can_be_filtered(
+    tiny: Path, questions: Path, tmp_path: Path
+) -> None:
+    """The untrained model never answers: graded reward 0 everywhere, every group degenerate.
+    Filtered, nothing is left to train on, and the step still completes."""
+    out = tmp_path / "out"
+    train_grpo(grpo_config(tiny, questions, out, "steps=1", "filter_degenerate=true", "beta=0"))
+    (metrics,) = read_metrics(out)
+    assert metrics["rollout/degenerate_groups"] == 4
+    assert metrics["rollout/degenerate_fraction"] == 1.0
+    assert metrics["train/grad_norm"] == 0.0

@@ -29,6 +29,7 @@ from memsearcher.llm.hf import HFModel
 from memsearcher.retrieval import open_retriever
 from memsearcher.rl.advantages import group_advantages
 from memsearcher.rl.batching import (
+    MicroBatch,
     collate,
     padding_share,
     plan_micro_batches,
@@ -55,7 +56,7 @@ from memsearcher.rl.runtime import (
 )
 from memsearcher.types import Trajectory
 
-__all__ = ["train_grpo"]
+__all__ = ["UNIT_COUNTS", "accumulate_gradients", "train_grpo"]
 
 # What one micro-batch's share of its mini-batch is counted in, per aggregation, so that
 # gradient accumulation gives exactly the loss of the whole mini-batch in one pass.
@@ -190,40 +191,14 @@ def train_grpo(
                 members = [s for s in range(len(sequences)) if seq_traj[s] // group in chosen]
                 units = _units(members, seq_traj, config.aggregation)
                 plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
-                if not plans:  # this rank drew only filtered groups: a zero-weight pass
-                    plans, scale = [[0]], 0.0
-                else:
-                    scale = 1.0
-                mask_all = [collate(sequences, plan, pad_id) for plan in plans]
-                total = sum(
-                    UNIT_COUNTS[config.aggregation](b.loss_mask, traj_all[list(b.indices)])
-                    for b in mask_all
+                # a rank that drew only filtered groups still joins DDP's all-reduce, at weight 0
+                micro = [collate(sequences, plan, pad_id) for plan in plans or [[0]]]
+                parts = accumulate_gradients(
+                    learner, micro, old, ref, adv_all, traj_all, config, 1.0 if plans else 0.0
                 )
-                for k, batch in enumerate(mask_all):
-                    index = list(batch.indices)
-                    with no_sync(learner, sync=k == len(mask_all) - 1):
-                        logprobs = sequence_logprobs(learner, batch, config.temperature)
-                        loss, parts = policy_loss(
-                            logprobs,
-                            right_aligned(old, batch).to(logprobs.device),
-                            adv_all[index].to(logprobs.device),
-                            batch.loss_mask.to(logprobs.device),
-                            config.clip_low,
-                            config.clip_high,
-                            ref_logprobs=None
-                            if ref is None
-                            else right_aligned(ref, batch).to(logprobs.device),
-                            beta=config.beta,
-                            aggregation=config.aggregation,
-                            trajectory_ids=traj_all[index].to(logprobs.device),
-                        )
-                        share = UNIT_COUNTS[config.aggregation](
-                            batch.loss_mask, traj_all[index]
-                        ) / max(total, 1.0)
-                        (loss * share * scale).backward()
-                    for key, part in {"train/loss": loss.detach(), **parts}.items():
-                        sums[key] = sums.get(key, 0.0) + float(part) * share
-                    batches.append(batch)
+                for key, value in parts.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                batches += micro
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     [p for p in model.parameters() if p.requires_grad],
                     config.optim.max_grad_norm or float("inf"),
@@ -256,6 +231,49 @@ def train_grpo(
     bar.close()
     log.close()
     return model
+
+
+def accumulate_gradients(
+    learner: Any,
+    batches: list[MicroBatch],
+    old: list[torch.Tensor],
+    ref: list[torch.Tensor] | None,
+    advantages: torch.Tensor,
+    trajectory_ids: torch.Tensor,
+    config: GRPOConfig,
+    scale: float = 1.0,
+) -> dict[str, float]:
+    """Backward passes over the micro-batches of one mini-batch, each weighted by its share of
+    the mini-batch's units (`UNIT_COUNTS`), so the accumulated gradient is that of the policy
+    loss over the whole mini-batch; returns the loss metrics weighted the same way.
+
+    ``old``/``ref``: per sequence, response log-probs; ``advantages``/``trajectory_ids``: (S,).
+    """
+    count = UNIT_COUNTS[config.aggregation]
+    total = sum(count(b.loss_mask, trajectory_ids[list(b.indices)]) for b in batches)
+    sums: dict[str, float] = {}
+    for k, batch in enumerate(batches):
+        index = list(batch.indices)
+        with no_sync(learner, sync=k == len(batches) - 1):
+            logprobs = sequence_logprobs(learner, batch, config.temperature)  # (B, R)
+            device = logprobs.device
+            loss, parts = policy_loss(
+                logprobs,
+                right_aligned(old, batch).to(device),
+                advantages[index].to(device),
+                batch.loss_mask.to(device),
+                config.clip_low,
+                config.clip_high,
+                ref_logprobs=None if ref is None else right_aligned(ref, batch).to(device),
+                beta=config.beta,
+                aggregation=config.aggregation,
+                trajectory_ids=trajectory_ids[index].to(device),
+            )
+            share = count(batch.loss_mask, trajectory_ids[index]) / max(total, 1.0)
+            (loss * share * scale).backward()
+        for key, part in {"train/loss": loss.detach(), **parts}.items():
+            sums[key] = sums.get(key, 0.0) + float(part) * share
+    return sums
 
 
 def _units(members: list[int], seq_traj: list[int], aggregation: str) -> list[list[int]]:
