@@ -272,3 +272,33 @@ def test_degenerate_groups_are_counted_and_can_be_filtered(
     assert metrics["rollout/degenerate_groups"] == 4
     assert metrics["rollout/degenerate_fraction"] == 1.0
     assert metrics["train/grad_norm"] == 0.0
+
+
+@pytest.mark.slow
+def test_react_trajectories_train_as_single_sequences(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    out = tmp_path / "out"
+    config = grpo_config(
+        tiny, questions, out, "agent_name=react", f"reward={length_reward}", "steps=1"
+    )
+    train_grpo(config)
+    (metrics,) = read_metrics(out)
+    assert metrics["rollout/sequences"] == 4 * 3  # one per trajectory
+    assert metrics["train/grad_norm"] > 0
+
+
+def test_cli_trains_sft_and_prints_where(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memsearcher.cli import main
+
+    preset = tmp_path / "sft.yaml"
+    preset.write_text(f"data: {replay_trajectories}\nsequences_per_step: 4\ntensorboard: false\n")
+    out = tmp_path / "out"
+    argv = ["train", "sft", "--config", str(preset), f"output_dir={out}", f"model.path={tiny}"]
+    assert main([*argv, "model.device=cpu", "steps=1"]) == 0
+    assert f"checkpoints in {out}" in capsys.readouterr().out
+    assert (out / "step-1" / "model" / "model.safetensors").is_file()
+    assert main([*argv, "model.device=cpu", "steps=1", "optim.lrr=1"]) == 2
+    assert "valid keys: optim.lr" in capsys.readouterr().err

@@ -61,6 +61,11 @@ def train_sft(
 ) -> Any:
     """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     runtime = init_runtime(config.model.device)
+    if config.sequences_per_step % runtime.world_size:
+        raise MemSearcherError(
+            f"sequences_per_step ({config.sequences_per_step}) must split evenly over "
+            f"{runtime.world_size} ranks"
+        )
     seed_everything(config.seed)
     output = Path(config.output_dir)
     trajectories = read_trajectories(config.data)
