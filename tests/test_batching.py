@@ -136,4 +136,4 @@ def test_accumulated_gradient_equals_the_whole_mini_batch(
     metrics = accumulate_gradients(tiny, micro, old, ref, advantages, trajectory_ids, config)
     for got, want in zip(gradient(), expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
-    assert metrics["train/loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert metrics["train/loss"] == pytest.approx(loss.item(), rel=1e-5)

@@ -170,7 +170,7 @@ def train_grpo(
         if config.beta > 0:
             with model.disable_adapter() if lora else nullcontext():
                 ref = response_logprobs(
-                    reference or model,
+                    reference if reference is not None else model,
                     sequences,
                     config.micro_batch_tokens,
                     pad_id,
