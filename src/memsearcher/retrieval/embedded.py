@@ -18,6 +18,7 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.paths import home
 from memsearcher.retrieval.base import Retriever
 from memsearcher.retrieval.corpus import CorpusError, Passage, write_corpus
+from memsearcher.retrieval.manifest import IndexFolderError
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +80,22 @@ def load_embedded_retriever() -> Retriever:
             return _cache[folder]
         corpus = embedded_corpus_path()
         index: BM25Index | None = None
+        stale = False
         if folder.exists():
             try:
                 index = BM25Index.load(folder, corpus=corpus)
             except MemSearcherError as error:  # stale cache: rebuild rather than fail
                 logger.warning("rebuilding the embedded index: %s", error)
+                stale = True
         if index is None:
             try:
-                index = build_bm25(corpus, folder, overwrite=True)
+                # overwrite only a stale index: when two processes build a fresh one at once,
+                # the second to finish keeps the first's (see manifest.building)
+                index = build_bm25(corpus, folder, overwrite=stale)
+            except IndexFolderError:
+                if stale or not folder.exists():
+                    raise
+                index = BM25Index.load(folder, corpus=corpus)  # another process just built it
             except CorpusError:
                 corpus.unlink(missing_ok=True)  # a damaged cached corpus: write it again
                 index = build_bm25(embedded_corpus_path(), folder, overwrite=True)
