@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,20 @@ def test_open_retriever_folder_and_errors(home: Path) -> None:
     assert isinstance(open_retriever(str(folder)), BM25Index)
     with pytest.raises(MemSearcherError, match="no such index folder"):
         open_retriever(str(home / "nope"))
+
+
+def test_two_processes_build_it_at_once(home: Path) -> None:
+    code = (
+        "from memsearcher.retrieval import load_embedded_retriever as load\n"
+        "print(load().search(['Eiffel Tower Paris'], 1)[0][0].title)"
+    )
+    env = {**os.environ, "MEMSEARCHER_HOME": str(home)}
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert outputs == ["Eiffel Tower\n", "Eiffel Tower\n"]
+    assert [p.name for p in (home / "indexes").iterdir()] == ["wiki-summaries-en-v1-bm25"]
+    assert [p.name for p in (home / "corpora").iterdir()] == ["wiki-summaries-en-v1.jsonl"]
