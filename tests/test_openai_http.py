@@ -256,7 +256,7 @@ def test_eval_cli_over_http(server: str, search_server: str, tmp_path: Path) -> 
     args = ["eval", "--data", str(tmp_path), "--out", str(out), "--backend", "openai"]
     args += ["--base-url", server, "--max-turns", "2", "--max-new-tokens", "32"]
     args += ["--memory-tokens", "32", "--concurrency", "2", "--no-progress"]
-    args += ["--retriever", search_server]
+    args += ["--retriever", search_server, "--max-context", "2048"]
     assert main(args) == 0
     records = read_predictions(out / "bamboogle" / "predictions.jsonl")
     assert sorted(r["id"] for r in records) == ["1", "2"]

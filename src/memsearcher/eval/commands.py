@@ -34,6 +34,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="openai backend: token-exact /v1/completions, or chat; auto tries completions first",
     )
     group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
+    group.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="openai backend: the server's context length, where /v1/models does not say",
+    )
     group.add_argument("--device", default="auto")
     group.add_argument("--batch-size", type=int, default=16, help="prompts per forward (hf)")
     group.add_argument("--gpu-memory", type=float, default=0.85, help="vllm memory fraction")
@@ -54,6 +60,7 @@ def open_llm(args: argparse.Namespace) -> Any:
         tokenizer=args.tokenizer,
         gpu_memory=args.gpu_memory,
         concurrency=getattr(args, "concurrency", 64),
+        max_context_tokens=args.max_context,
     )
 
 

@@ -41,6 +41,7 @@ def load_llm(
             model=options.get("served_model"),
             api=options.get("api", "auto"),
             concurrency=options.get("concurrency", 64),
+            max_context_tokens=options.get("max_context_tokens"),
         )
     if backend == "vllm":
         from memsearcher.llm.vllm import VLLMModel
