@@ -68,6 +68,17 @@ def test_dataset_names_resolve_to_flashrag_splits(tmp_path: Path) -> None:
         load_benchmarks(tmp_path, ["musique"])
 
 
+def test_a_single_file_is_named_after_its_folder_or_stem(tmp_path: Path) -> None:
+    split = write_jsonl(tmp_path / "popqa" / "test.jsonl", ROWS[:1])
+    named = write_jsonl(tmp_path / "mine.jsonl", ROWS[:1])
+    assert list(load_benchmarks(split)) == ["popqa"]
+    assert list(load_benchmarks(named)) == ["mine"]
+    with pytest.raises(MemSearcherError, match="--datasets"):
+        load_benchmarks(named, ["nq"])
+    with pytest.raises(MemSearcherError, match="none of the benchmarks"):
+        load_benchmarks(tmp_path / "popqa")
+
+
 def test_parquet_and_jsonl_read_the_same(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
