@@ -290,3 +290,41 @@ def test_serve_over_an_http_model(server: str, tmp_path: Path) -> None:
             assert response.status_code == 200, response.text
             assert response.json()["turns"] >= 1
         assert httpx.post(f"{url}/v1/answer", json={"question": ""}).status_code == 422
+
+
+@pytest.mark.slow
+@needs_llama_cpp
+def test_requests_are_retried_while_the_server_restarts(llm: HFModel, tmp_path: Path) -> None:
+    """The server goes away between two calls and comes back on the same port a little later:
+    the second call waits through refused connections (retries with backoff) and succeeds."""
+    import subprocess
+    import threading
+    import time
+
+    from memsearcher.llm.embedded import packaged_gguf
+
+    port = free_port()
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf())]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"]
+    url = f"http://127.0.0.1:{port}/v1"
+    params = SamplingParams(max_new_tokens=2)
+    with running(command, f"{url}/models", tmp_path / "first.log", dict(os.environ)):
+        remote = OpenAIHTTPModel(url, llm.tokenizer, retries=20, backoff=0.5, max_backoff=2.0)
+        assert remote.generate([prompt(llm, "Hi.")], params)[0].token_ids
+    restarted: list[subprocess.Popen] = []
+
+    def restart() -> None:
+        time.sleep(1.5)
+        log = (tmp_path / "second.log").open("w")
+        restarted.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        (completion,) = remote.generate([prompt(llm, "Hi.")], params)
+        assert completion.token_ids
+    finally:
+        thread.join()
+        for process in restarted:
+            process.terminate()
+            process.wait(timeout=15)
