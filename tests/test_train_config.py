@@ -105,3 +105,35 @@ def test_read_qa_errors_name_file_and_line(tmp_path: Path, line: str, message: s
     path.write_text(line + "\n")
     with pytest.raises(MemSearcherError, match=message):
         read_qa(path)
+
+
+def test_draw_is_a_pure_function_of_position() -> None:
+    from memsearcher.rl.runtime import draw
+
+    whole = draw(5, 0, 12, seed=3)
+    assert sorted(whole[:5]) == list(range(5)) and sorted(whole[5:10]) == list(range(5))
+    assert draw(5, 3, 4, seed=3) == whole[3:7]  # a resumed run sees the same order
+    assert draw(5, 0, 5, seed=4) != whole[:5]
+
+
+def test_schedules_warm_up_then_follow_their_shape() -> None:
+    import torch
+
+    from memsearcher.rl.config import OptimConfig
+    from memsearcher.rl.runtime import make_scheduler
+
+    def lrs(schedule: str) -> list[float]:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        config = OptimConfig(lr=1.0, warmup_steps=2, schedule=schedule)
+        scheduler = make_scheduler(optimizer, config, total_updates=6)
+        out = []
+        for _ in range(6):
+            out.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    assert lrs("constant") == pytest.approx([0.5, 1, 1, 1, 1, 1])
+    assert lrs("cosine") == pytest.approx([0.5, 1, 1, 0.8535534, 0.5, 0.1464466])
+    with pytest.raises(MemSearcherError, match="choose one of"):
+        lrs("linear")

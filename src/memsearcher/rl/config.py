@@ -67,7 +67,7 @@ class OptimConfig:
     warmup_steps: int = 0
     """Optimizer updates of linear warm-up from 0."""
     schedule: str = "constant"
-    """After warm-up: constant, or cosine down to 0 at the last update."""
+    """After warm-up: constant, or cosine towards 0 at the end (as HF's cosine schedule)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
 
