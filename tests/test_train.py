@@ -302,3 +302,19 @@ def test_cli_trains_sft_and_prints_where(
     assert (out / "step-1" / "model" / "model.safetensors").is_file()
     assert main([*argv, "model.device=cpu", "steps=1", "optim.lrr=1"]) == 2
     assert "valid keys: optim.lr" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bfloat16_autocast_over_float32_weights(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    """The paper-scale preset's precision: float32 weights (so that lr 1e-6 updates are not
+    rounded away), bfloat16 forward passes. The update stays on-policy: old log-probs are
+    computed under the same autocast."""
+    out = tmp_path / "out"
+    overrides = ["model.autocast=bfloat16", f"reward={length_reward}", "steps=1", "beta=0.01"]
+    train_grpo(grpo_config(tiny, questions, out, *overrides, "mini_batch_questions=4"))
+    (metrics,) = read_metrics(out)
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["train/grad_norm"] > 0
+    assert all(v.dtype == torch.float32 for v in weights(out / "step-1").values())

@@ -10,6 +10,7 @@ logits (the biggest tensor by far, V per position) are computed for response pos
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,13 +117,17 @@ def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: 
     )
 
 
-def sequence_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model: Any, batch: MicroBatch, temperature: float = 1.0, autocast: str | None = None
+) -> torch.Tensor:
     """(B, R) log-probabilities of the last R tokens of each row under ``model``; 0 where the
     loss mask is 0.
 
     Only positions with loss mask 1 reach the output layer: a pre-hook on it keeps just their
     hidden states, so tool responses inside the response window (often most of a MemSearcher
     turn) cost no (V,)-wide logits. Gradients flow when called outside ``torch.no_grad``.
+    ``autocast`` (e.g. "bfloat16") runs the model's forward in that dtype; the log-softmax is
+    float32 either way.
     """
     device = next(model.parameters()).device
     span = batch.targets.shape[1]
@@ -135,14 +140,18 @@ def sequence_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -
 
     head = unwrap(model).get_output_embeddings()
     handle = head.register_forward_pre_hook(keep_masked)
+    precision = (
+        torch.autocast(device.type, dtype=getattr(torch, autocast)) if autocast else nullcontext()
+    )
     try:
-        output = model(
-            input_ids=batch.input_ids.to(device),
-            attention_mask=batch.attention_mask.to(device),
-            position_ids=batch.position_ids.to(device),
-            logits_to_keep=span + 1,
-            use_cache=False,
-        )
+        with precision:
+            output = model(
+                input_ids=batch.input_ids.to(device),
+                attention_mask=batch.attention_mask.to(device),
+                position_ids=batch.position_ids.to(device),
+                logits_to_keep=span + 1,
+                use_cache=False,
+            )
     finally:
         handle.remove()
     targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
@@ -164,13 +173,14 @@ def response_logprobs(
     token_budget: int,
     pad_id: int,
     temperature: float = 1.0,
+    autocast: str | None = None,
 ) -> list[torch.Tensor]:
     """Per sequence, the (len(response),) log-probs of its response tokens, on the CPU."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     lengths = [len(s.input_ids) for s in sequences]
     for plan in plan_micro_batches(lengths, token_budget):
         batch = collate(sequences, plan, pad_id)
-        logprobs = sequence_logprobs(model, batch, temperature).float().cpu()  # (B, R)
+        logprobs = sequence_logprobs(model, batch, temperature, autocast).float().cpu()  # (B, R)
         for row, index in enumerate(plan):
             out[index] = logprobs[row, logprobs.shape[1] - len(sequences[index].response_ids) :]
     return out

@@ -50,8 +50,16 @@ class ModelConfig:
     """Module names that get LoRA adapters."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    autocast: str | None = None
+    """Compute dtype of forward passes (bfloat16) over float32 weights; None: the weights'."""
     rollout_batch_size: int = 32
     """Prompts per batched generate call of the in-process backend."""
+
+    def __post_init__(self) -> None:
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise MemSearcherError(
+                f"model.autocast must be null, bfloat16 or float16, got {self.autocast!r}"
+            )
 
 
 @dataclass(frozen=True)

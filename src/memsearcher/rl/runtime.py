@@ -40,6 +40,7 @@ __all__ = [
     "make_scheduler",
     "no_sync",
     "reduce_mean",
+    "rollout_precision",
     "seed_everything",
     "unwrap",
     "wrap_for_training",
@@ -195,6 +196,13 @@ def no_sync(model: Any, sync: bool) -> AbstractContextManager[Any]:
         return nullcontext()
     context: AbstractContextManager[Any] = model.no_sync()
     return context
+
+
+def rollout_precision(autocast: str | None, runtime: Runtime) -> AbstractContextManager[Any]:
+    """Generation in the ``autocast`` dtype, as the learner's forward passes."""
+    if autocast is None:
+        return nullcontext()
+    return torch.autocast(runtime.device.type, dtype=getattr(torch, autocast))
 
 
 def make_optimizer(model: Any, config: OptimConfig) -> torch.optim.Optimizer:

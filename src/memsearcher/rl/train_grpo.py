@@ -51,6 +51,7 @@ from memsearcher.rl.runtime import (
     make_scheduler,
     no_sync,
     reduce_mean,
+    rollout_precision,
     seed_everything,
     wrap_for_training,
 )
@@ -138,7 +139,8 @@ def train_grpo(
             top_p=config.top_p,
             seed=(config.seed * 1_000_003 + step) * 1009 + runtime.rank,
         )
-        trajectories = run_lockstep(episodes, llm, retriever, sampling)
+        with rollout_precision(config.model.autocast, runtime):
+            trajectories = run_lockstep(episodes, llm, retriever, sampling)
         rollout_time = time.perf_counter() - step_start
 
         # 2. Rewards, then group-relative advantages.
@@ -163,8 +165,9 @@ def train_grpo(
         lengths = [len(s.input_ids) for s in sequences]
 
         # 4. Old log-probs from the current weights (as veRL), and reference log-probs.
+        precision = config.model.autocast
         old = response_logprobs(
-            model, sequences, config.micro_batch_tokens, pad_id, config.temperature
+            model, sequences, config.micro_batch_tokens, pad_id, config.temperature, precision
         )
         ref: list[torch.Tensor] | None = None
         if config.beta > 0:
@@ -175,6 +178,7 @@ def train_grpo(
                     config.micro_batch_tokens,
                     pad_id,
                     config.temperature,
+                    precision,
                 )
 
         # 5. PPO epochs over mini-batches of questions; accumulate, then one optimizer step.
@@ -255,7 +259,9 @@ def accumulate_gradients(
     for k, batch in enumerate(batches):
         index = list(batch.indices)
         with no_sync(learner, sync=k == len(batches) - 1):
-            logprobs = sequence_logprobs(learner, batch, config.temperature)  # (B, R)
+            logprobs = sequence_logprobs(  # (B, R)
+                learner, batch, config.temperature, config.model.autocast
+            )
             device = logprobs.device
             loss, parts = policy_loss(
                 logprobs,

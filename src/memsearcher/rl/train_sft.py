@@ -118,7 +118,7 @@ def train_sft(
         nll = 0.0
         for k, batch in enumerate(batches):
             with no_sync(learner, sync=k == len(batches) - 1):
-                logprobs = sequence_logprobs(learner, batch)  # (B, R)
+                logprobs = sequence_logprobs(learner, batch, 1.0, config.model.autocast)
                 mask = batch.loss_mask.to(logprobs.device)  # (B, R)
                 loss = -(logprobs * mask).sum() / max(tokens, 1.0)
                 loss.backward()
