@@ -64,7 +64,7 @@ class FaissConfig:
     """A key of ``FAISS_KINDS``: exact "flat", graph "hnsw", or compressed "ivfpq"."""
     hnsw_m: int = 32
     """HNSW: neighbours per node (memory grows by 2 x 4 x M bytes per vector)."""
-    ef_construction: int = 80
+    ef_construction: int = 128
     """HNSW: candidate list while building (higher: better graph, slower build)."""
     ef_search: int = 64
     """HNSW: candidate list while searching (higher: better recall, slower)."""
