@@ -320,8 +320,8 @@ def dense_section(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     truth = results[0]["found"]
     log("dense: hnsw")
     results += measure(
-        FaissConfig(kind="hnsw", hnsw_m=32, ef_construction=64),
-        [{"ef_search": e} for e in (16, 32, 64, 128)],
+        FaissConfig(kind="hnsw", hnsw_m=32, ef_construction=128),
+        [{"ef_search": e} for e in (32, 64, 128, 256)],
     )
     for pq_m, opq in ((48, False), (64, False), (64, True)):
         log(f"dense: ivfpq PQ{pq_m} opq={opq}")
