@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memsearcher.data.qa import read_qa
+from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
 
@@ -80,14 +80,14 @@ def test_paper_preset_has_the_reference_hyper_parameters() -> None:
     assert config.agent.memory_tokens == 1024
 
 
-def test_read_qa(tmp_path: Path) -> None:
+def test_training_questions_read_as_flashrag(tmp_path: Path) -> None:
     path = tmp_path / "q.jsonl"
     path.write_text(
-        '{"id": 1, "question": "Who?", "golden_answers": ["A", "B"], "split": "dev"}\n\n'
+        '{"id": 1, "question": "Who?", "golden_answers": ["A", "B"], "metadata": {"s": 1}}\n\n'
         '{"id": "2", "question": "What?", "golden_answers": "C"}\n'
     )
-    first, second = read_qa(path)
-    assert (first.id, first.golden_answers, first.metadata) == ("1", ("A", "B"), {"split": "dev"})
+    first, second = read_examples(path)
+    assert (first.id, first.golden_answers, first.metadata) == ("1", ("A", "B"), {"s": 1})
     assert second.golden_answers == ("C",)
 
 
@@ -95,16 +95,16 @@ def test_read_qa(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ("{not json", "q.jsonl:1: not JSON"),
-        ('{"id": "1", "question": "Q"}', "q.jsonl:1: missing golden_answers"),
-        ('{"id": "1", "question": "Q", "golden_answers": [1]}', "golden_answers must be"),
-        ("[1]", "expected a JSON object"),
+        ('{"id": "1", "question": "Q"}', "q.jsonl:1: a FlashRAG row needs"),
+        ('{"id": "1", "question": "Q", "golden_answers": 1}', "golden_answers' must be"),
+        ("[1]", "q.jsonl:1: a FlashRAG row needs"),
     ],
 )
-def test_read_qa_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+def test_question_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "q.jsonl"
     path.write_text(line + "\n")
     with pytest.raises(MemSearcherError, match=message):
-        read_qa(path)
+        read_examples(path)
 
 
 def test_draw_is_a_pure_function_of_position() -> None:

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from memsearcher.agent import load_templates, run_lockstep, start_episodes
-from memsearcher.data.qa import read_qa
+from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams
@@ -86,7 +86,9 @@ def train_grpo(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
-    questions = read_qa(config.data)
+    questions = read_examples(config.data)
+    if not questions:
+        raise MemSearcherError(f"{config.data}: no questions to train on")
     reward_fn = get_reward(config.reward)
     templates = load_templates(config.templates)
     retriever = open_retriever(config.retriever)
