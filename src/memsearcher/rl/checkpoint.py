@@ -21,7 +21,7 @@ import torch
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.runtime import Runtime, barrier, unwrap
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["latest_checkpoint", "load_checkpoint", "resume_step", "save_checkpoint"]
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -96,6 +96,18 @@ def load_checkpoint(
     if rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
     return state
+
+
+def resume_step(
+    output_dir: Path, resume: bool, model: Any, optimizer: Any, scheduler: Any, runtime: Runtime
+) -> int:
+    """The last finished step: 0 for a fresh run, else the newest checkpoint's, loaded."""
+    if not resume:
+        return 0
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        raise MemSearcherError(f"--resume: no checkpoint in {output_dir}")
+    return int(load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"])
 
 
 def _load_weights(model: Any, folder: Path) -> None:

@@ -37,7 +37,7 @@ from memsearcher.rl.batching import (
     right_aligned,
     sequence_logprobs,
 )
-from memsearcher.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memsearcher.rl.checkpoint import resume_step, save_checkpoint
 from memsearcher.rl.config import GRPOConfig, config_to_dict
 from memsearcher.rl.loss import AGGREGATIONS, policy_loss
 from memsearcher.rl.rewards import get_reward
@@ -103,12 +103,7 @@ def train_grpo(
     optimizer = make_optimizer(model, config.optim)
     total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
     scheduler = make_scheduler(optimizer, config.optim, total_steps * config.updates_per_step)
-    start = 0
-    checkpoint = latest_checkpoint(output) if resume else None
-    if resume and checkpoint is None:
-        raise MemSearcherError(f"--resume: no checkpoint in {output}")
-    if checkpoint is not None:
-        start = load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"]
+    start = resume_step(output, resume, model, optimizer, scheduler, runtime)
     log = MetricsLog(output, runtime, config.tensorboard, echo)
     log.config(config_to_dict(config))
     group = config.group_size

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
-from memsearcher.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memsearcher.rl.checkpoint import resume_step, save_checkpoint
 from memsearcher.rl.config import SFTConfig, config_to_dict
 from memsearcher.rl.runtime import (
     MetricsLog,
@@ -87,12 +87,7 @@ def train_sft(
         config.epochs * len(sequences) / config.sequences_per_step
     )
     scheduler = make_scheduler(optimizer, config.optim, total_steps)
-    start = 0
-    checkpoint = latest_checkpoint(output) if resume else None
-    if resume and checkpoint is None:
-        raise MemSearcherError(f"--resume: no checkpoint in {output}")
-    if checkpoint is not None:
-        start = load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"]
+    start = resume_step(output, resume, model, optimizer, scheduler, runtime)
     log = MetricsLog(output, runtime, config.tensorboard, echo)
     log.config(config_to_dict(config))
     bar = tqdm(total=total_steps, initial=start, disable=not runtime.is_main, desc="sft")
