@@ -3,7 +3,8 @@ RNG and data-order state, written atomically.
 
 A checkpoint is ``OUTPUT/step-N/``: it is written under a temporary name and renamed once
 complete, so a crash never leaves a half-written ``step-N``. Every rank saves its own RNG state;
-rank 0 writes everything else.
+rank 0 writes everything else. An FSDP model's shards are gathered first, so its checkpoint is
+the same whole-model folder as a single process writes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.rl.runtime import Runtime, barrier, unwrap
+from memsearcher.rl.runtime import Runtime, barrier, full_state, is_sharded, load_full_state, unwrap
 
 __all__ = ["latest_checkpoint", "load_checkpoint", "resume_step", "save_checkpoint"]
 
@@ -54,10 +55,12 @@ def save_checkpoint(
         staging.mkdir(parents=True)
     barrier(runtime)
     torch.save(_rng_state(), staging / f"rng-rank{runtime.rank}.pt")
+    weights, optim = full_state(model, optimizer) if is_sharded(model) else (None, None)
     if runtime.is_main:
-        unwrap(model).save_pretrained(staging / "model", safe_serialization=True)
+        model = unwrap(model)
+        model.save_pretrained(staging / "model", state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(staging / "model")
-        torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+        torch.save(optim or optimizer.state_dict(), staging / "optimizer.pt")
         torch.save(scheduler.state_dict(), staging / "scheduler.pt")
     barrier(runtime)
     if runtime.is_main:
@@ -88,9 +91,13 @@ def load_checkpoint(
             f"{folder} was written by {state['world_size']} ranks; resuming on "
             f"{runtime.world_size} would change the data order"
         )
-    _load_weights(unwrap(model), folder / "model")
-    device = runtime.device
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
+    if is_sharded(model):
+        optim = torch.load(folder / "optimizer.pt", map_location="cpu")
+        load_full_state(model, optimizer, _read_weights(folder / "model"), optim)
+    else:
+        _load_weights(unwrap(model), folder / "model")
+        device = runtime.device
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt"))
     rng = folder / f"rng-rank{runtime.rank}.pt"
     if rng.is_file():
@@ -110,7 +117,7 @@ def resume_step(
     return int(load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"])
 
 
-def _load_weights(model: Any, folder: Path) -> None:
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     weights: dict[str, torch.Tensor] = {}
@@ -118,6 +125,11 @@ def _load_weights(model: Any, folder: Path) -> None:
         weights.update(load_file(shard))
     if not weights:
         raise MemSearcherError(f"{folder}: no safetensors weights")
+    return weights
+
+
+def _load_weights(model: Any, folder: Path) -> None:
+    weights = _read_weights(folder)
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
 

@@ -54,6 +54,8 @@ class ModelConfig:
     """Compute dtype of forward passes (bfloat16) over float32 weights; None: the weights'."""
     rollout_batch_size: int = 32
     """Prompts per batched generate call of the in-process backend."""
+    distributed: str = "ddp"
+    """How several ranks hold the model: ddp (a full replica each) or fsdp (sharded, GPUs)."""
 
     def __post_init__(self) -> None:
         if self.autocast not in (None, "bfloat16", "float16"):

@@ -44,7 +44,9 @@ from memsearcher.rl.rewards import get_reward
 from memsearcher.rl.runtime import (
     MetricsLog,
     draw,
+    even_out,
     frozen_copy,
+    gathered,
     init_runtime,
     load_policy,
     make_optimizer,
@@ -99,7 +101,7 @@ def train_grpo(
     reference = frozen_copy(model) if config.beta > 0 and not lora else None
     llm = HFModel(model, hf_tokenizer, batch_size=config.model.rollout_batch_size)
     pad_id = llm.tokenizer.pad_token_id
-    learner = wrap_for_training(model, runtime)
+    learner = wrap_for_training(model, runtime, config.model.distributed)
     optimizer = make_optimizer(model, config.optim)
     total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
     scheduler = make_scheduler(optimizer, config.optim, total_steps * config.updates_per_step)
@@ -136,7 +138,7 @@ def train_grpo(
             top_p=config.top_p,
             seed=(config.seed * 1_000_003 + step) * 1009 + runtime.rank,
         )
-        with rollout_precision(config.model.autocast, runtime):
+        with gathered(model), rollout_precision(config.model.autocast, runtime):
             trajectories = run_lockstep(episodes, llm, retriever, sampling)
         rollout_time = time.perf_counter() - step_start
 
@@ -163,12 +165,13 @@ def train_grpo(
 
         # 4. Old log-probs from the current weights (as veRL), and reference log-probs.
         precision = config.model.autocast
-        old = response_logprobs(
-            model, sequences, config.micro_batch_tokens, pad_id, config.temperature, precision
-        )
+        with gathered(model):
+            old = response_logprobs(
+                model, sequences, config.micro_batch_tokens, pad_id, config.temperature, precision
+            )
         ref: list[torch.Tensor] | None = None
         if config.beta > 0:
-            with model.disable_adapter() if lora else nullcontext():
+            with gathered(model), model.disable_adapter() if lora else nullcontext():
                 ref = response_logprobs(
                     reference if reference is not None else model,
                     sequences,
@@ -194,6 +197,7 @@ def train_grpo(
                 plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
                 # a rank that drew only filtered groups still joins DDP's all-reduce, at weight 0
                 micro = [collate(sequences, plan, pad_id) for plan in plans or [[0]]]
+                micro = even_out(micro, learner, runtime)
                 parts = accumulate_gradients(
                     learner, micro, old, ref, adv_all, traj_all, config, 1.0 if plans else 0.0
                 )

@@ -25,6 +25,7 @@ from memsearcher.rl.config import SFTConfig, config_to_dict
 from memsearcher.rl.runtime import (
     MetricsLog,
     draw,
+    even_out,
     init_runtime,
     load_policy,
     make_optimizer,
@@ -81,7 +82,7 @@ def train_sft(
     model, hf_tokenizer = load_policy(config.model, runtime)
     pad_id = hf_tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else hf_tokenizer.eos_token_id
-    learner = wrap_for_training(model, runtime)
+    learner = wrap_for_training(model, runtime, config.model.distributed)
     optimizer = make_optimizer(model, config.optim)
     total_steps = config.steps or math.ceil(
         config.epochs * len(sequences) / config.sequences_per_step
@@ -109,6 +110,7 @@ def train_sft(
             [[i] for i in mine],
         )
         batches = [collate(sequences, plan, pad_id) for plan in plans]
+        batches = even_out(batches, learner, runtime)
         tokens = sum(float(b.loss_mask.sum()) for b in batches)
         nll = 0.0
         for k, batch in enumerate(batches):
