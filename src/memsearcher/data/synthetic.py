@@ -334,7 +334,7 @@ def _questions(
     facts: dict[tuple[str, str], str],
     starts: dict[str, list[str]],
 ) -> list[Question]:
-    questions = []
+    questions: list[Question] = []
     for kind, entities in starts.items():
         for entity in entities:
             split = _draw_split(rng, config)
@@ -383,13 +383,11 @@ def write_world(world: World, folder: str | Path) -> dict[str, Path]:
         paths[split] = folder / f"{split}.jsonl"
         with paths[split].open("w", encoding="utf-8") as out:
             for q in world.split(split):
-                row = {
-                    "id": q.id,
-                    "question": q.question,
-                    "golden_answers": [q.answer],
-                    "metadata": {"hops": [asdict(h) for h in q.hops]},
-                }
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                example = q.to_example()
+                line = {"id": example.id, "question": example.question,
+                        "golden_answers": list(example.golden_answers),
+                        "metadata": example.metadata}  # fmt: skip
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
     paths["world"] = folder / "world.json"
     paths["world"].write_text(json.dumps(asdict(world.config), indent=2) + "\n")
     return paths

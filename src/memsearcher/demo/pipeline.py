@@ -1,0 +1,265 @@
+"""The whole demo, stage by stage: world, index, model, oracle SFT data, SFT, GRPO, evaluation.
+
+Everything is written under one output folder, each stage to its own subfolder, so a run can be
+read afterwards (and every model is a normal HF folder that `memsearcher ask/eval` can load)::
+
+    OUT/world/          corpus.jsonl, train/rl/dev/test.jsonl (FlashRAG), world.json
+    OUT/index/          BM25 index of the world
+    OUT/templates.yaml  the demo's short prompts
+    OUT/models/init     tokenizer trained here + a randomly initialized Llama
+    OUT/oracle/         oracle trajectories of both agents (the SFT data)
+    OUT/sft/            SFT run (metrics.jsonl, step-N/model)
+    OUT/grpo-<agent>/   GRPO run per agent
+    OUT/eval/<method>-<agent>/  predictions and summary on the test questions
+    OUT/report.md, OUT/*.png, OUT/results.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.data.flashrag import read_examples
+from memsearcher.data.synthetic import SPLITS, WorldConfig, generate_world, write_world
+from memsearcher.demo.model import ModelSize, save_demo_model
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, protocol_texts
+from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFModel, HFTokenizer
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval.bm25 import build_bm25
+from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfig
+from memsearcher.rl.train_grpo import train_grpo
+from memsearcher.rl.train_sft import train_sft
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AGENTS", "PRESETS", "DemoConfig", "run_demo"]
+
+AGENTS = ("memsearcher", "react")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Sizes and budgets of one demo run."""
+
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """The synthetic world (its seed is replaced by the run's seed)."""
+    model: ModelSize = field(default_factory=ModelSize)
+    """The from-scratch model."""
+    agent: AgentConfig = field(
+        default_factory=lambda: AgentConfig(
+            max_turns=5, memory_tokens=64, max_new_tokens=64, top_n=3
+        )
+    )
+    """Turn budget, memory cap and passages per search, for training and evaluation alike."""
+    sft_steps: int = 600
+    """SFT updates on the oracle trajectories of both agents."""
+    sft_sequences_per_step: int = 32
+    """Turn sequences per SFT update."""
+    sft_lr: float = 2e-3
+    """Peak SFT learning rate (cosine, after a short warm-up)."""
+    grpo_steps: int = 16
+    """GRPO steps per agent, on the ``rl`` split (entities SFT never started from)."""
+    grpo_questions_per_step: int = 24
+    """Questions per GRPO step."""
+    group_size: int = 4
+    """Trajectories per question (G)."""
+    grpo_lr: float = 2e-4
+    """GRPO learning rate (5e-4 collapsed the policy onto one memorized name; see docs/demo.md)."""
+    grpo_beta: float = 0.05
+    """Weight of the KL penalty to the SFT model, which keeps GRPO's noisy steps anchored."""
+    temperature: float = 0.7
+    """Rollout sampling temperature (and of the log-probabilities, so updates stay on-policy)."""
+    test_questions: int = 200
+    """Held-out test questions evaluated per (method, agent)."""
+
+
+PRESETS: dict[str, DemoConfig] = {
+    "full": DemoConfig(),
+    "quick": DemoConfig(
+        world=WorldConfig(people=16, cities=8, countries=4, orgs=6, works=20),
+        model=ModelSize(vocab=768, hidden=64, layers=2),
+        sft_steps=40,
+        grpo_steps=2,
+        grpo_questions_per_step=8,
+        test_questions=40,
+    ),
+}
+"""``full`` is the README's main job; ``quick`` checks every stage end to end in CI."""
+
+Echo = Callable[[str], None]
+
+
+def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print) -> dict[str, Any]:
+    """Run every stage into ``out`` and return the results (also saved as results.json)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def stage(name: str) -> Callable[[], None]:
+        begun = time.perf_counter()
+        echo(f"[demo] {name} ...")
+
+        def done() -> None:
+            timings[name] = round(time.perf_counter() - begun, 1)
+            echo(f"[demo] {name}: {timings[name]} s")
+
+        return done
+
+    done = stage("world and index")
+    world = generate_world(replace(config.world, seed=seed))
+    paths = write_world(world, out / "world")
+    index = build_bm25(paths["corpus"], out / "index", overwrite=True)
+    templates_file = out / "templates.yaml"
+    templates_file.write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
+    templates = Templates(**DEMO_TEMPLATES)
+    train = read_examples(paths["train"])
+    test = read_examples(paths["test"])[: config.test_questions]
+    done()
+
+    done = stage("tokenizer and model")
+    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
+    texts += protocol_texts([q.to_example() for q in world.questions]) + list(
+        DEMO_TEMPLATES.values()
+    )
+    init = save_demo_model(out / "models" / "init", texts, config.model, seed)
+    done()
+
+    done = stage("oracle trajectories")
+    tokenizer = HFTokenizer(_auto_tokenizer(init))
+    oracle = ScriptedLLM(tokenizer, oracle_policy(train))
+    sft_data = out / "oracle" / "trajectories.jsonl"
+    sft_data.parent.mkdir(parents=True, exist_ok=True)
+    oracle_em = {}
+    with sft_data.open("w", encoding="utf-8") as lines:
+        for agent in AGENTS:
+            episodes = start_episodes(agent, train, tokenizer, config.agent, templates)
+            trajectories = run_lockstep(episodes, oracle, index, SamplingParams())
+            oracle_em[agent] = sum(_em(t) for t in trajectories) / len(trajectories)
+            lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+    done()
+
+    done = stage("SFT")
+    sft = SFTConfig(
+        data=str(sft_data),
+        output_dir=str(out / "sft"),
+        seed=seed,
+        steps=config.sft_steps,
+        sequences_per_step=config.sft_sequences_per_step,
+        save_every=config.sft_steps,
+        tensorboard=False,
+        model=ModelConfig(path=str(init), device="cpu"),
+        optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
+    )
+    train_sft(sft)
+    sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
+    losses = _metric(out / "sft", "train/loss")
+    echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    done()
+
+    grpo_models = {}
+    for agent in AGENTS:
+        done = stage(f"GRPO ({agent})")
+        grpo = GRPOConfig(
+            data=str(paths["rl"]),
+            output_dir=str(out / f"grpo-{agent}"),
+            agent_name=agent,
+            retriever=str(out / "index"),
+            templates=str(templates_file),
+            seed=seed,
+            steps=config.grpo_steps,
+            questions_per_step=config.grpo_questions_per_step,
+            mini_batch_questions=config.grpo_questions_per_step,
+            group_size=config.group_size,
+            temperature=config.temperature,
+            beta=config.grpo_beta,
+            save_every=config.grpo_steps,
+            sample_every=0,
+            tensorboard=False,
+            model=ModelConfig(path=str(sft_model), device="cpu", rollout_batch_size=128),
+            optim=OptimConfig(lr=config.grpo_lr),
+            agent=config.agent,
+        )
+        train_grpo(grpo)
+        rewards = " ".join(f"{r:.2f}" for r in _metric(out / f"grpo-{agent}", "reward/mean"))
+        echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
+        grpo_models[agent] = out / f"grpo-{agent}" / f"step-{config.grpo_steps}" / "model"
+        done()
+
+    done = stage("evaluation")
+    models = {"untrained": {a: init for a in AGENTS}, "sft": {a: sft_model for a in AGENTS},
+              "sft+grpo": grpo_models}  # fmt: skip
+    evaluations: dict[str, dict[str, Any]] = {}
+    for method, per_agent in models.items():
+        for agent, path in per_agent.items():
+            target = out / "eval" / f"{method}-{agent}"
+            summary = _evaluate(path, agent, test, index, templates, config, target)
+            evaluations[f"{method}/{agent}"] = summary
+            echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
+    done()
+
+    results = {
+        "seed": seed,
+        "config": asdict(config),
+        "world": {"passages": len(world.passages), **{s: len(world.split(s)) for s in SPLITS}},
+        "oracle_em": oracle_em,
+        "evaluations": evaluations,
+        "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return results
+
+
+def _metric(run: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open(encoding="utf-8")]
+    return [row[key] for row in rows if key in row]
+
+
+def _auto_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _em(trajectory: Any) -> float:
+    from memsearcher.eval.metrics import exact_match
+
+    return exact_match(trajectory.answer or "", trajectory.example.golden_answers)
+
+
+def _evaluate(
+    model: Path,
+    agent: str,
+    test: list[Any],
+    index: Any,
+    templates: Templates,
+    config: DemoConfig,
+    out: Path,
+) -> dict[str, Any]:
+    llm = HFModel.from_pretrained(str(model), device="cpu", batch_size=128)
+    evaluation = EvalConfig(
+        agent=agent,
+        max_turns=config.agent.max_turns,
+        max_new_tokens=config.agent.max_new_tokens,
+        memory_tokens=config.agent.memory_tokens,
+        top_n=config.agent.top_n,
+        batch_size=len(test),
+    )
+    summary = run_eval({"test": test}, llm, index, evaluation, out, templates, progress=False)
+    result: dict[str, Any] = summary["datasets"]["test"]
+    hops = {e.id: str(len(e.metadata["hops"])) for e in test}
+    by_hops: dict[str, list[float]] = {}
+    for record in read_predictions(out / "test" / "predictions.jsonl"):
+        by_hops.setdefault(hops[record["id"]], []).append(record["em"])
+    result["em_by_hops"] = {h: sum(v) / len(v) for h, v in sorted(by_hops.items())}
+    return result

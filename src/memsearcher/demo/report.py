@@ -1,0 +1,139 @@
+"""The demo's report: a markdown file with the results table and three PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memsearcher.errors import MemSearcherError
+
+__all__ = ["format_results", "write_report"]
+
+METHODS = ("untrained", "sft", "sft+grpo")
+
+
+def format_results(results: dict[str, Any]) -> str:
+    """The results table as markdown: one row per (method, agent)."""
+    lines = [
+        "| method | agent | EM | F1 | EM 1-hop | EM 2-hop | EM 3-hop | turns | format failures "
+        "| prompt tokens, turn 1 -> last |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, s in results["evaluations"].items():
+        method, agent = key.split("/")
+        by_turn = s.get("prompt_tokens_by_turn") or [0.0]
+        hops = s.get("em_by_hops", {})
+        lines.append(
+            f"| {method} | {agent} | {s['em']:.3f} | {s['f1']:.3f} | "
+            + " | ".join(f"{hops[h]:.2f}" if h in hops else "-" for h in ("1", "2", "3"))
+            + f" | {s['mean_turns']:.2f} | {s['format_failure_rate']:.2f} | "
+            f"{by_turn[0]:.0f} -> {by_turn[-1]:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only; no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MemSearcherError(
+            "the demo's plots need matplotlib: pip install 'memsearcher[eval]'"
+        ) from None
+    return plt
+
+
+def _reward_plot(out: Path, agents: list[str]) -> Path:
+    plt = _plt()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for agent in agents:
+        rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
+        rows = [r for r in rows if "reward/mean" in r]
+        axes.plot([r["step"] for r in rows], [r["reward/mean"] for r in rows], marker="o",
+                  label=agent)  # fmt: skip
+    axes.set_xlabel("GRPO step")
+    axes.set_ylabel("mean reward of the step's rollouts")
+    axes.set_title("Reward under multi-context GRPO")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    return _save(figure, out / "reward_per_step.png")
+
+
+def _em_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
+    plt = _plt()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(agents)
+    for k, agent in enumerate(agents):
+        values = [results["evaluations"].get(f"{m}/{agent}", {}).get("em", 0.0) for m in METHODS]
+        axes.bar([i + k * width for i in range(len(METHODS))], values, width, label=agent)
+    axes.set_xticks([i + width * (len(agents) - 1) / 2 for i in range(len(METHODS))], METHODS)
+    axes.set_ylabel("exact match, held-out questions")
+    axes.set_ylim(0, 1)
+    axes.set_title("EM by method")
+    axes.legend()
+    return _save(figure, out / "em_by_method.png")
+
+
+def _tokens_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _plt()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for agent in agents:
+        values = results["evaluations"][f"sft+grpo/{agent}"].get("prompt_tokens_by_turn", [])
+        axes.plot(range(1, len(values) + 1), values, marker="o", label=agent)
+    axes.set_ylim(bottom=0)  # from zero: a flat line and a rising one compare honestly
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("turn")
+    axes.set_ylabel("prompt tokens (mean)")
+    axes.set_title("Context size per turn (SFT + GRPO models)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    return _save(figure, out / "prompt_tokens_per_turn.png")
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    _plt().close(figure)
+    return path
+
+
+def write_report(out: str | Path, results: dict[str, Any]) -> Path:
+    """Write ``report.md`` and its plots into ``out``; return the report's path."""
+    out = Path(out)
+    agents = sorted({key.split("/")[1] for key in results["evaluations"]})
+    plots = [
+        _reward_plot(out, agents),
+        _em_plot(out, results, agents),
+        _tokens_plot(out, results, agents),
+    ]
+    world = results["world"]
+    timings = ", ".join(f"{name} {seconds} s" for name, seconds in results["timings"].items())
+    text = [
+        f"# memsearcher demo (seed {results['seed']})",
+        "",
+        f"World: {world['passages']} passages; {world['train']} SFT (train), {world['rl']} GRPO "
+        f"(rl), {world['dev']} dev and {world['test']} test questions (1 to 3 hops; the rl, dev "
+        "and test questions start from entities no train question starts from). Oracle EM on "
+        "the training questions "
+        "with the real retriever: "
+        + ", ".join(f"{a} {em:.3f}" for a, em in results["oracle_em"].items())
+        + ".",
+        "",
+        f"Evaluated on {next(iter(results['evaluations'].values()))['questions']} held-out "
+        "questions, greedy decoding.",
+        "",
+        format_results(results),
+        "",
+        *[f"![{p.stem}]({p.name})" for p in plots],
+        "",
+        f"Time: {timings}.",
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(text), encoding="utf-8")
+    return path

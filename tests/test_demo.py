@@ -1,0 +1,177 @@
+"""The demo's synthetic world, its oracle, and the `memsearcher demo --quick` run end to end.
+
+Real parts throughout: the generator's files, a real BM25 index of them, a byte-level BPE
+tokenizer trained here, and the real agents driving the oracle through `ScriptedLLM`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memsearcher.agent import Templates, run_lockstep, start_episodes
+from memsearcher.agent.parsing import ParseFailure, parse_action, parse_memory
+from memsearcher.data.flashrag import read_examples
+from memsearcher.data.synthetic import (
+    RELATIONS,
+    SPLITS,
+    WorldConfig,
+    generate_world,
+    write_world,
+)
+from memsearcher.demo.model import build_tokenizer
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, protocol_texts
+from memsearcher.demo.pipeline import PRESETS
+from memsearcher.eval.metrics import exact_match
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFTokenizer
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval.bm25 import build_bm25
+from memsearcher.rl.rewards import get_reward
+
+DEMO = PRESETS["full"]
+
+
+def test_the_same_seed_gives_the_same_world_byte_for_byte(tmp_path: Path) -> None:
+    first = write_world(generate_world(WorldConfig(seed=7)), tmp_path / "a")
+    second = write_world(generate_world(WorldConfig(seed=7)), tmp_path / "b")
+    other = write_world(generate_world(WorldConfig(seed=8)), tmp_path / "c")
+    for name in ("corpus", *SPLITS):
+        assert first[name].read_bytes() == second[name].read_bytes(), name
+        assert first[name].read_bytes() != other[name].read_bytes(), name
+
+
+def test_questions_do_not_leak_answers_and_splits_do_not_share_start_entities() -> None:
+    world = generate_world(DEMO.world)
+    starts: dict[str, set[str]] = {split: set() for split in SPLITS}
+    for q in world.questions:
+        assert q.answer not in q.question
+        assert 1 <= len(q.hops) <= 3
+        assert q.hops[-1].target == q.answer
+        starts[q.split].add(q.hops[0].entity)
+    for held_out in ("rl", "dev", "test"):
+        assert starts["train"].isdisjoint(starts[held_out])
+    assert {len(q.hops) for q in world.split("test")} == {1, 2, 3}
+
+
+def test_the_world_has_near_namesakes_and_shared_title_words() -> None:
+    world = generate_world(DEMO.world)
+    people = [title for title, text in world.passages if " was born in " in text]
+    first_names: dict[str, list[str]] = {}
+    for name in people:
+        first_names.setdefault(name.split()[0], []).append(name.split()[1])
+    near = 0
+    for lasts in first_names.values():
+        for a in lasts:
+            near += any(
+                len(a) == len(b) and sum(x != y for x, y in zip(a, b, strict=True)) == 1
+                for b in lasts
+            )
+    assert near == len(people)  # everyone has a namesake one letter away
+    titles = [title for title, text in world.passages if " was written by " in text]
+    words = [w for t in titles for w in t.split() if w != "The"]
+    assert len(set(words)) < len(words) / 3  # titles share their words
+
+
+def test_every_fact_is_one_sentence_of_the_subjects_passage() -> None:
+    world = generate_world(DEMO.world)
+    passages = dict(world.passages)
+    for q in world.questions:
+        for hop in q.hops:
+            assert hop.fact in passages[hop.entity]
+            assert hop.fact == RELATIONS[hop.relation].format(subject=hop.entity,
+                                                               object=hop.target)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("world")
+    world = generate_world(DEMO.world)
+    paths = write_world(world, folder / "world")
+    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
+    texts += protocol_texts([q.to_example() for q in world.questions])
+    texts += list(DEMO_TEMPLATES.values())
+    return {
+        "paths": paths,
+        "index": build_bm25(paths["corpus"], folder / "index"),
+        "tokenizer": HFTokenizer(build_tokenizer(texts, DEMO.model.vocab)),
+    }
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
+def test_the_oracle_answers_every_question_with_the_real_retriever(
+    world_files: dict[str, Any], agent: str
+) -> None:
+    """At the demo's top-n, every hop of every question is retrievable and readable."""
+    examples = [e for split in SPLITS for e in read_examples(world_files["paths"][split])]
+    tokenizer = world_files["tokenizer"]
+    episodes = start_episodes(agent, examples, tokenizer, DEMO.agent, Templates(**DEMO_TEMPLATES))
+    oracle = ScriptedLLM(tokenizer, oracle_policy(examples))
+    trajectories = run_lockstep(episodes, oracle, world_files["index"], SamplingParams())
+    reward = get_reward("graded")
+    misses = [t.example.question for t in trajectories
+              if exact_match(t.answer or "", t.example.golden_answers) < 1]  # fmt: skip
+    assert misses == []
+    for t in trajectories:
+        chain = t.example.metadata["hops"]
+        hops = len(chain)
+        assert t.well_formed and reward(t) == 1.0
+        assert [turn.query for turn in t.turns[:-1]] == [
+            h["entity"] for h in t.example.metadata["hops"]
+        ]
+        assert len(t.turns) == hops + 1
+        assert len(t.sequences) == (hops + 1 if agent == "memsearcher" else 1)
+        for turn in t.turns:
+            action = parse_action(turn.action_text or "")
+            assert not isinstance(action, ParseFailure), turn.action_text
+            if turn.query is not None and agent == "memsearcher":
+                memory = parse_memory(turn.memory_text or "")
+                assert not isinstance(memory, ParseFailure) and memory == turn.memory
+        if agent == "memsearcher":  # the final memory holds exactly the chain's facts
+            facts = [RELATIONS[h["relation"]].format(subject=h["entity"], object=h["target"])
+                     for h in chain]  # fmt: skip
+            assert t.turns[-1].memory == " ".join(facts)
+
+
+def test_the_oracle_never_reads_the_answer(world_files: dict[str, Any]) -> None:
+    """With passages that lack the last hop's fact, the oracle cannot answer."""
+    examples = read_examples(world_files["paths"]["test"])[:20]
+    reply = oracle_policy(examples)
+    for example in examples:
+        hops = example.metadata["hops"]
+        first = hops[0]["entity"]
+        prompt = f"<question> {example.question} </question>\n\n<memory>  </memory>"
+        action = reply(prompt, SamplingParams(stop=("</tool_call>",)))
+        assert re.search(rf'"query": "{re.escape(first)}"', action)
+        assert example.golden_answers[0] not in action
+
+
+@pytest.mark.slow
+def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-m", "memsearcher.cli", "demo", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["evaluations"]) == {
+        f"{m}/{a}" for m in ("untrained", "sft", "sft+grpo") for a in ("memsearcher", "react")
+    }
+    assert results["oracle_em"] == {"memsearcher": 1.0, "react": 1.0}
+    for name in ("report.md", "reward_per_step.png", "em_by_method.png",
+                 "prompt_tokens_per_turn.png"):  # fmt: skip
+        assert (out / name).stat().st_size > 0, name
+    assert "| sft+grpo | memsearcher |" in done.stdout
+    for agent in ("memsearcher", "react"):
+        model = out / f"grpo-{agent}" / f"step-{PRESETS['quick'].grpo_steps}" / "model"
+        assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
+    assert results["config"]["sft_steps"] == PRESETS["quick"].sft_steps
