@@ -175,3 +175,30 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
         model = out / f"grpo-{agent}" / f"step-{PRESETS['quick'].grpo_steps}" / "model"
         assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
     assert results["config"]["sft_steps"] == PRESETS["quick"].sft_steps
+
+    # a second run into the same folder starts clean: nothing resumed or appended
+    again = subprocess.run(
+        [sys.executable, "-m", "memsearcher.cli", "demo", "--quick", "--out", str(out),
+         "--seed", "1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["seed"] == 1
+    metrics = (out / "grpo-memsearcher" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == PRESETS["quick"].grpo_steps
+
+
+def test_demo_refuses_a_folder_it_did_not_write_and_loses_nothing(tmp_path: Path) -> None:
+    mine = tmp_path / "notes.txt"
+    mine.write_text("keep me")
+    for out, message in ((tmp_path, "does not write (notes.txt)"), (mine, "is a file")):
+        done = subprocess.run(
+            [sys.executable, "-m", "memsearcher.cli", "demo", "--quick", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert mine.read_text() == "keep me" and sorted(tmp_path.iterdir()) == [mine]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
+
+DEMO_OUTPUTS = frozenset(
+    {"world", "index", "templates.yaml", "models", "oracle", "sft", "eval", "report.md",
+     "results.json", "reward_per_step.png", "em_by_method.png", "prompt_tokens_per_turn.png"}
+)  # fmt: skip
+"""Everything `run_demo` writes into its folder, besides one ``grpo-<agent>`` folder per agent."""
 
 
 def add_demo_command(commands: argparse._SubParsersAction) -> None:
@@ -26,13 +33,33 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
+def clear_previous_run(out: Path) -> None:
+    """Remove what an earlier demo wrote into ``out`` (its stages would resume or append
+    otherwise); refuse a folder holding anything else, so nothing of the user's is lost."""
+    if out.exists() and not out.is_dir():
+        raise MemSearcherError(f"--out {out} is a file; choose a folder")
+    if not out.is_dir():
+        return
+    names = {path.name for path in out.iterdir()}
+    foreign = sorted(n for n in names if n not in DEMO_OUTPUTS and not n.startswith("grpo-"))
+    if foreign:
+        raise MemSearcherError(
+            f"--out {out} holds files a demo run does not write ({', '.join(foreign[:5])}); "
+            "choose another folder"
+        )
+    for path in out.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def _run(args: argparse.Namespace) -> int:
     from memsearcher.demo.pipeline import PRESETS, run_demo
     from memsearcher.demo.report import format_results, write_report
 
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not (out / "world").is_dir():
-        raise MemSearcherError(f"--out {out} holds files that are not a demo run; choose another")
+    clear_previous_run(out)
     results = run_demo(out, PRESETS["quick" if args.quick else "full"], args.seed)
     report = write_report(out, results)
     print(format_results(results))

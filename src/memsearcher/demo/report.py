@@ -54,12 +54,8 @@ def _reward_plot(out: Path, agents: list[str]) -> Path:
         rows = [r for r in rows if "reward/mean" in r]
         axes.plot([r["step"] for r in rows], [r["reward/mean"] for r in rows], marker="o",
                   label=agent)  # fmt: skip
-    axes.set_xlabel("GRPO step")
-    axes.set_ylabel("mean reward of the step's rollouts")
-    axes.set_title("Reward under multi-context GRPO")
-    axes.grid(alpha=0.3)
-    axes.legend()
-    return _save(figure, out / "reward_per_step.png")
+    labels = ("GRPO step", "mean reward of the step's rollouts", "Reward under multi-context GRPO")
+    return _save(figure, axes, labels, out / "reward_per_step.png")
 
 
 def _em_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
@@ -70,11 +66,9 @@ def _em_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
         values = [results["evaluations"].get(f"{m}/{agent}", {}).get("em", 0.0) for m in METHODS]
         axes.bar([i + k * width for i in range(len(METHODS))], values, width, label=agent)
     axes.set_xticks([i + width * (len(agents) - 1) / 2 for i in range(len(METHODS))], METHODS)
-    axes.set_ylabel("exact match, held-out questions")
     axes.set_ylim(0, 1)
-    axes.set_title("EM by method")
-    axes.legend()
-    return _save(figure, out / "em_by_method.png")
+    labels = ("", "exact match, held-out questions", "EM by method")
+    return _save(figure, axes, labels, out / "em_by_method.png")
 
 
 def _tokens_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
@@ -87,15 +81,17 @@ def _tokens_plot(out: Path, results: dict[str, Any], agents: list[str]) -> Path:
         axes.plot(range(1, len(values) + 1), values, marker="o", label=agent)
     axes.set_ylim(bottom=0)  # from zero: a flat line and a rising one compare honestly
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlabel("turn")
-    axes.set_ylabel("prompt tokens (mean)")
-    axes.set_title("Context size per turn (SFT + GRPO models)")
+    labels = ("turn", "prompt tokens (mean)", "Context size per turn (SFT + GRPO models)")
+    return _save(figure, axes, labels, out / "prompt_tokens_per_turn.png")
+
+
+def _save(figure: Any, axes: Any, labels: tuple[str, str, str], path: Path) -> Path:
+    """Label the axes (x, y, title), add grid and legend, write the PNG."""
+    axes.set_xlabel(labels[0])
+    axes.set_ylabel(labels[1])
+    axes.set_title(labels[2])
     axes.grid(alpha=0.3)
     axes.legend()
-    return _save(figure, out / "prompt_tokens_per_turn.png")
-
-
-def _save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     _plt().close(figure)
