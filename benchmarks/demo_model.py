@@ -23,7 +23,7 @@ from memsearcher.agent import Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, protocol_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.embedded import embedded_model_path
@@ -92,9 +92,7 @@ def main() -> None:
         work = Path(tmp)
         world = generate_world(config.world)
         write_world(world, work / "world")
-        texts = [t for _, t in world.passages] + [q.question for q in world.questions]
-        texts += protocol_texts([q.to_example() for q in world.questions])
-        folder = save_demo_model(work / "demo-model", texts, config.model, seed=0)
+        folder = save_demo_model(work / "demo-model", tokenizer_texts(world), config.model, seed=0)
         demo = measure("demo model", HFModel.from_pretrained(str(folder), device="cpu"), work,
                        args.sequences)  # fmt: skip
 

@@ -26,7 +26,7 @@ from memsearcher.data.synthetic import (
     write_world,
 )
 from memsearcher.demo.model import build_tokenizer
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, protocol_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams
@@ -94,9 +94,7 @@ def world_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("world")
     world = generate_world(DEMO.world)
     paths = write_world(world, folder / "world")
-    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
-    texts += protocol_texts([q.to_example() for q in world.questions])
-    texts += list(DEMO_TEMPLATES.values())
+    texts = tokenizer_texts(world)
     return {
         "paths": paths,
         "index": build_bm25(paths["corpus"], folder / "index"),

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import MEMORY_STOP
 from memsearcher.agent.prompts import TOOL_NAME
-from memsearcher.data.synthetic import RELATIONS, hops_of
+from memsearcher.data.synthetic import RELATIONS, World, hops_of
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 from memsearcher.types import QAExample
 
-__all__ = ["DEMO_TEMPLATES", "oracle_policy", "read_chain"]
+__all__ = ["DEMO_TEMPLATES", "oracle_policy", "protocol_texts", "read_chain", "tokenizer_texts"]
 
 _QUESTION = re.compile(r"<question> (.*?) </question>", re.DOTALL)
 
@@ -104,3 +104,11 @@ def protocol_texts(examples: Sequence[QAExample]) -> list[str]:
             texts.append(f"Doc {number} (Title: {hop.entity}) {hop.fact}")
         texts.append(_answer(hops[-1].target))
     return texts
+
+
+def tokenizer_texts(world: World) -> list[str]:
+    """Everything the demo model will read or write in ``world``: its passages and questions,
+    the oracle's protocol phrases and the demo's prompts (the BPE tokenizer's training text)."""
+    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
+    texts += protocol_texts([q.to_example() for q in world.questions])
+    return texts + list(DEMO_TEMPLATES.values())

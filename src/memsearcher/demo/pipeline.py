@@ -30,10 +30,12 @@ from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episod
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import SPLITS, WorldConfig, generate_world, write_world
 from memsearcher.demo.model import ModelSize, save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, protocol_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
+from memsearcher.eval.metrics import exact_match
 from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
+from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
-from memsearcher.llm.hf import HFModel, HFTokenizer
+from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfig
@@ -128,15 +130,11 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done()
 
     done = stage("tokenizer and model")
-    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
-    texts += protocol_texts([q.to_example() for q in world.questions]) + list(
-        DEMO_TEMPLATES.values()
-    )
-    init = save_demo_model(out / "models" / "init", texts, config.model, seed)
+    init = save_demo_model(out / "models" / "init", tokenizer_texts(world), config.model, seed)
     done()
 
     done = stage("oracle trajectories")
-    tokenizer = HFTokenizer(_auto_tokenizer(init))
+    tokenizer = load_tokenizer(str(init))
     oracle = ScriptedLLM(tokenizer, oracle_policy(train))
     sft_data = out / "oracle" / "trajectories.jsonl"
     sft_data.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +143,8 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
         for agent in AGENTS:
             episodes = start_episodes(agent, train, tokenizer, config.agent, templates)
             trajectories = run_lockstep(episodes, oracle, index, SamplingParams())
-            oracle_em[agent] = sum(_em(t) for t in trajectories) / len(trajectories)
+            scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
+            oracle_em[agent] = sum(scores) / len(scores)
             lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
     done()
 
@@ -200,10 +199,13 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     models = {"untrained": {a: init for a in AGENTS}, "sft": {a: sft_model for a in AGENTS},
               "sft+grpo": grpo_models}  # fmt: skip
     evaluations: dict[str, dict[str, Any]] = {}
+    loaded: dict[Path, HFModel] = {}  # the untrained and SFT models serve both agents
     for method, per_agent in models.items():
         for agent, path in per_agent.items():
+            if path not in loaded:
+                loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
             target = out / "eval" / f"{method}-{agent}"
-            summary = _evaluate(path, agent, test, index, templates, config, target)
+            summary = _evaluate(loaded[path], agent, test, index, templates, config, target)
             evaluations[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
     done()
@@ -225,20 +227,8 @@ def _metric(run: Path, key: str) -> list[float]:
     return [row[key] for row in rows if key in row]
 
 
-def _auto_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _em(trajectory: Any) -> float:
-    from memsearcher.eval.metrics import exact_match
-
-    return exact_match(trajectory.answer or "", trajectory.example.golden_answers)
-
-
 def _evaluate(
-    model: Path,
+    llm: HFModel,
     agent: str,
     test: list[Any],
     index: Any,
@@ -246,7 +236,6 @@ def _evaluate(
     config: DemoConfig,
     out: Path,
 ) -> dict[str, Any]:
-    llm = HFModel.from_pretrained(str(model), device="cpu", batch_size=128)
     evaluation = EvalConfig(
         agent=agent,
         max_turns=config.agent.max_turns,
