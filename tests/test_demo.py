@@ -165,6 +165,15 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
         f"{m}/{a}" for m in ("untrained", "sft", "sft+grpo") for a in ("memsearcher", "react")
     }
     assert results["oracle_em"] == {"memsearcher": 1.0, "react": 1.0}
+    assert set(results["grpo_questions"]) == {
+        f"{m}/{a}" for m in ("sft", "sft+grpo") for a in ("memsearcher", "react")
+    }
+    summary = json.loads((out / "eval" / "sft+grpo-memsearcher" / "summary.json").read_text())
+    assert set(summary["datasets"]) == {"test", "rl"}  # both evaluations kept, neither lost
+    assert (
+        summary["datasets"]["rl"]["em"] == results["grpo_questions"]["sft+grpo/memsearcher"]["em"]
+    )
+    assert "EM on GRPO's questions" in (out / "report.md").read_text()
     for name in ("report.md", "reward_per_step.png", "em_by_method.png",
                  "prompt_tokens_per_turn.png"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name

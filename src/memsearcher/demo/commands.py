@@ -56,12 +56,13 @@ def clear_previous_run(out: Path) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memsearcher.demo.pipeline import PRESETS, run_demo
-    from memsearcher.demo.report import format_results, write_report
+    from memsearcher.demo.report import format_grpo_questions, format_results, write_report
 
     out = Path(args.out)
     clear_previous_run(out)
     results = run_demo(out, PRESETS["quick" if args.quick else "full"], args.seed)
     report = write_report(out, results)
     print(format_results(results))
+    print(f"\n{format_grpo_questions(results)}")
     print(f"\nreport: {report}  (total {results['timings']['total']} s)")
     return 0

@@ -10,7 +10,7 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
     OUT/oracle/         oracle trajectories of both agents (the SFT data)
     OUT/sft/            SFT run (metrics.jsonl, step-N/model)
     OUT/grpo-<agent>/   GRPO run per agent
-    OUT/eval/<method>-<agent>/  predictions and summary on the test questions
+    OUT/eval/<method>-<agent>/  predictions and summary on the test (and rl) questions
     OUT/report.md, OUT/*.png, OUT/results.json
 """
 
@@ -127,6 +127,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     templates = Templates(**DEMO_TEMPLATES)
     train = read_examples(paths["train"])
     test = read_examples(paths["test"])[: config.test_questions]
+    rl = read_examples(paths["rl"])[: config.test_questions]
     done()
 
     done = stage("tokenizer and model")
@@ -205,9 +206,18 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
             if path not in loaded:
                 loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
             target = out / "eval" / f"{method}-{agent}"
-            summary = _evaluate(loaded[path], agent, test, index, templates, config, target)
+            summary = _evaluate(loaded[path], agent, "test", test, index, templates, config, target)
             evaluations[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
+    # The same models on GRPO's own questions (held out from SFT, trained on by GRPO): what
+    # GRPO learned there, next to how much of it carries over to the test questions.
+    grpo_questions: dict[str, dict[str, Any]] = {}
+    for method in ("sft", "sft+grpo"):
+        for agent, path in models[method].items():
+            target = out / "eval" / f"{method}-{agent}"
+            summary = _evaluate(loaded[path], agent, "rl", rl, index, templates, config, target)
+            grpo_questions[f"{method}/{agent}"] = summary
+            echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f} on GRPO's questions")
     done()
 
     results = {
@@ -216,6 +226,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
         "world": {"passages": len(world.passages), **{s: len(world.split(s)) for s in SPLITS}},
         "oracle_em": oracle_em,
         "evaluations": evaluations,
+        "grpo_questions": grpo_questions,
         "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -230,7 +241,8 @@ def _metric(run: Path, key: str) -> list[float]:
 def _evaluate(
     llm: HFModel,
     agent: str,
-    test: list[Any],
+    split: str,
+    questions: list[Any],
     index: Any,
     templates: Templates,
     config: DemoConfig,
@@ -242,13 +254,13 @@ def _evaluate(
         max_new_tokens=config.agent.max_new_tokens,
         memory_tokens=config.agent.memory_tokens,
         top_n=config.agent.top_n,
-        batch_size=len(test),
+        batch_size=len(questions),
     )
-    summary = run_eval({"test": test}, llm, index, evaluation, out, templates, progress=False)
-    result: dict[str, Any] = summary["datasets"]["test"]
-    hops = {e.id: str(len(e.metadata["hops"])) for e in test}
+    summary = run_eval({split: questions}, llm, index, evaluation, out, templates, progress=False)
+    result: dict[str, Any] = summary["datasets"][split]
+    hops = {e.id: str(len(e.metadata["hops"])) for e in questions}
     by_hops: dict[str, list[float]] = {}
-    for record in read_predictions(out / "test" / "predictions.jsonl"):
+    for record in read_predictions(out / split / "predictions.jsonl"):
         by_hops.setdefault(hops[record["id"]], []).append(record["em"])
     result["em_by_hops"] = {h: sum(v) / len(v) for h, v in sorted(by_hops.items())}
     return result

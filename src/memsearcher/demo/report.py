@@ -8,7 +8,7 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["format_results", "write_report"]
+__all__ = ["format_grpo_questions", "format_results", "write_report"]
 
 METHODS = ("untrained", "sft", "sft+grpo")
 
@@ -30,6 +30,27 @@ def format_results(results: dict[str, Any]) -> str:
             + f" | {s['mean_turns']:.2f} | {s['format_failure_rate']:.2f} | "
             f"{by_turn[0]:.0f} -> {by_turn[-1]:.0f} |"
         )
+    return "\n".join(lines)
+
+
+def format_grpo_questions(results: dict[str, Any]) -> str:
+    """EM of the SFT and SFT+GRPO models on GRPO's own questions next to the test questions.
+
+    GRPO's questions are held out from SFT like the test ones; the gap between the two columns
+    of gains is how much of what GRPO learned carries over to questions it never trained on.
+    """
+    lines = [
+        "| agent | EM on GRPO's questions: SFT -> SFT+GRPO | EM on test: SFT -> SFT+GRPO |",
+        "|---|---|---|",
+    ]
+    own, test = results["grpo_questions"], results["evaluations"]
+    for agent in sorted({key.split("/")[1] for key in own}):
+        cells = [
+            f"{s[f'sft/{agent}']['em']:.3f} -> {s[f'sft+grpo/{agent}']['em']:.3f} "
+            f"({s[f'sft+grpo/{agent}']['em'] - s[f'sft/{agent}']['em']:+.3f})"
+            for s in (own, test)
+        ]
+        lines.append(f"| {agent} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -108,6 +129,7 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         _tokens_plot(out, results, agents),
     ]
     world = results["world"]
+    own_count = next(iter(results["grpo_questions"].values()))["questions"]
     timings = ", ".join(f"{name} {seconds} s" for name, seconds in results["timings"].items())
     text = [
         f"# memsearcher demo (seed {results['seed']})",
@@ -124,6 +146,11 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         "questions, greedy decoding.",
         "",
         format_results(results),
+        "",
+        f"The same models on GRPO's own {own_count} questions (the rl split: held out from SFT, "
+        "trained on by GRPO), next to the test questions:",
+        "",
+        format_grpo_questions(results),
         "",
         *[f"![{p.stem}]({p.name})" for p in plots],
         "",
