@@ -11,11 +11,9 @@ once; an async retriever (``AsyncHTTPRetriever``) is awaited directly, and its s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Protocol
 
@@ -23,6 +21,7 @@ from memsearcher.agent.base import Episode, Generate, Search
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Hit, Trajectory
+from memsearcher.worker import QueueWorker
 
 logger = logging.getLogger(__name__)
 
@@ -66,27 +65,14 @@ class _Direct:
         return (await self.retriever.search([query], top_n))[0]
 
 
-class SearchBatcher:
+class SearchBatcher(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]]):
     """Merges the searches waiting at any moment into one ``retriever.search`` call per
     ``top_n``, run in a single worker thread."""
 
     def __init__(self, retriever: Retriever, max_queries: int = 256) -> None:
+        super().__init__("search")
         self.retriever = retriever
         self.max_queries = max_queries
-        self.queue: asyncio.Queue[tuple[str, int, asyncio.Future[list[Hit]]]] = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="search")
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> SearchBatcher:
-        self.task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def search(self, query: str, top_n: int) -> list[Hit]:
         future: asyncio.Future[list[Hit]] = asyncio.get_running_loop().create_future()

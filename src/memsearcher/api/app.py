@@ -24,7 +24,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -34,6 +33,7 @@ from memsearcher.llm.base import LLM, SamplingParams
 from memsearcher.retrieval.base import Retriever
 from memsearcher.retrieval.server import BodyGuard
 from memsearcher.types import QAExample, Trajectory
+from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
@@ -87,7 +87,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
 
 
-class AgentService:
+class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]]):
     """Answers questions in batches on one worker thread."""
 
     def __init__(
@@ -100,24 +100,11 @@ class AgentService:
         config: ServeConfig,
         templates: Templates | None = None,
     ) -> None:
+        super().__init__("agent")
         self.llm, self.retriever, self.agent = llm, retriever, agent
         self.agent_config, self.sampling, self.config = agent_config, sampling, config
         self.templates = templates
-        self.queue: asyncio.Queue[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]]
-        self.queue = asyncio.Queue()
         self.pending = 0
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="agent")
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def answer(self, question: str, agent_config: AgentConfig) -> Trajectory:
         if self.pending >= self.config.max_pending:

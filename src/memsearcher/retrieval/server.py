@@ -21,7 +21,6 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Hit
+from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
@@ -97,27 +97,14 @@ def _doc(hit: Hit) -> dict[str, str]:
     return {"id": hit.id, "contents": hit.contents}
 
 
-class Batcher:
+class Batcher(QueueWorker[tuple[list[str], int, asyncio.Future[list[list[Hit]]]]]):
     """Runs searches in one worker thread, merging whatever requests are waiting into one call
     per distinct ``top_n``."""
 
     def __init__(self, retriever: Retriever, max_queries: int) -> None:
+        super().__init__("retriever")
         self.retriever = retriever
         self.max_queries = max_queries
-        self.queue: asyncio.Queue[tuple[list[str], int, asyncio.Future[list[list[Hit]]]]]
-        self.queue = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="retriever")
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
         future: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
