@@ -44,7 +44,7 @@ from memsearcher.rl.train_sft import train_sft
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AGENTS", "PRESETS", "DemoConfig", "run_demo"]
+__all__ = ["AGENTS", "PRESETS", "DemoConfig", "evaluate_questions", "run_demo"]
 
 AGENTS = ("memsearcher", "react")
 
@@ -206,7 +206,9 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
             if path not in loaded:
                 loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
             target = out / "eval" / f"{method}-{agent}"
-            summary = _evaluate(loaded[path], agent, "test", test, index, templates, config, target)
+            summary = evaluate_questions(
+                loaded[path], agent, "test", test, index, templates, config, target
+            )
             evaluations[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
     # The same models on GRPO's own questions (held out from SFT, trained on by GRPO): what
@@ -215,7 +217,9 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     for method in ("sft", "sft+grpo"):
         for agent, path in models[method].items():
             target = out / "eval" / f"{method}-{agent}"
-            summary = _evaluate(loaded[path], agent, "rl", rl, index, templates, config, target)
+            summary = evaluate_questions(
+                loaded[path], agent, "rl", rl, index, templates, config, target
+            )
             grpo_questions[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f} on GRPO's questions")
     done()
@@ -238,7 +242,7 @@ def _metric(run: Path, key: str) -> list[float]:
     return [row[key] for row in rows if key in row]
 
 
-def _evaluate(
+def evaluate_questions(
     llm: HFModel,
     agent: str,
     split: str,
@@ -248,6 +252,8 @@ def _evaluate(
     config: DemoConfig,
     out: Path,
 ) -> dict[str, Any]:
+    """Greedy evaluation of ``agent`` on ``questions`` into ``out/<split>/``, with the demo's
+    turn settings; the summary of that split, plus EM by number of hops."""
     evaluation = EvalConfig(
         agent=agent,
         max_turns=config.agent.max_turns,
