@@ -30,14 +30,14 @@ from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.model import save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
-from memsearcher.demo.pipeline import AGENTS, PRESETS, evaluate_questions
+from memsearcher.demo.pipeline import AGENTS, PRESETS, evaluate_questions, sft_config
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval import load_index
 from memsearcher.retrieval.bm25 import build_bm25
-from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfig, load_config
+from memsearcher.rl.config import GRPOConfig, load_config
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
 
@@ -71,18 +71,8 @@ def run_sft(args: argparse.Namespace) -> None:
             oracle = ScriptedLLM(tokenizer, oracle_policy(train))
             for t in run_lockstep(episodes, oracle, index, SamplingParams()):
                 lines.write(json.dumps(t.to_dict()) + "\n")
-    sft = SFTConfig(
-        data=str(out / "oracle.jsonl"),
-        output_dir=str(out / "sft"),
-        seed=args.seed,
-        steps=args.steps,
-        sequences_per_step=DEMO.sft_sequences_per_step,
-        save_every=args.steps,
-        tensorboard=False,
-        model=ModelConfig(path=str(init), device="cpu"),
-        optim=OptimConfig(lr=DEMO.sft_lr, warmup_steps=20, schedule="cosine"),
-    )
-    train_sft(sft)
+    steps = replace(DEMO, sft_steps=args.steps)
+    train_sft(sft_config(steps, out / "oracle.jsonl", init, out / "sft", args.seed))
     print(f"SFT on {len(train)} questions")
     model = str(out / "sft" / f"step-{args.steps}" / "model")
     for agent in AGENTS:

@@ -44,7 +44,7 @@ from memsearcher.rl.train_sft import train_sft
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AGENTS", "PRESETS", "DemoConfig", "evaluate_questions", "run_demo"]
+__all__ = ["AGENTS", "PRESETS", "DemoConfig", "evaluate_questions", "run_demo", "sft_config"]
 
 AGENTS = ("memsearcher", "react")
 
@@ -150,18 +150,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done()
 
     done = stage("SFT")
-    sft = SFTConfig(
-        data=str(sft_data),
-        output_dir=str(out / "sft"),
-        seed=seed,
-        steps=config.sft_steps,
-        sequences_per_step=config.sft_sequences_per_step,
-        save_every=config.sft_steps,
-        tensorboard=False,
-        model=ModelConfig(path=str(init), device="cpu"),
-        optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
-    )
-    train_sft(sft)
+    train_sft(sft_config(config, sft_data, init, out / "sft", seed))
     sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
     losses = _metric(out / "sft", "train/loss")
     echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
@@ -235,6 +224,21 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return results
+
+
+def sft_config(config: DemoConfig, data: Path, init: Path, output: Path, seed: int) -> SFTConfig:
+    """The demo's SFT run: ``config``'s steps and learning rate on ``data``, from ``init``."""
+    return SFTConfig(
+        data=str(data),
+        output_dir=str(output),
+        seed=seed,
+        steps=config.sft_steps,
+        sequences_per_step=config.sft_sequences_per_step,
+        save_every=config.sft_steps,
+        tensorboard=False,
+        model=ModelConfig(path=str(init), device="cpu"),
+        optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
+    )
 
 
 def _metric(run: Path, key: str) -> list[float]:
