@@ -30,14 +30,20 @@ from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.model import save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
-from memsearcher.demo.pipeline import AGENTS, PRESETS, evaluate_questions, sft_config
+from memsearcher.demo.pipeline import (
+    AGENTS,
+    PRESETS,
+    evaluate_questions,
+    grpo_config,
+    sft_config,
+)
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval import load_index
 from memsearcher.retrieval.bm25 import build_bm25
-from memsearcher.rl.config import GRPOConfig, load_config
+from memsearcher.rl.config import GRPOConfig, config_to_dict, load_config
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
 
@@ -81,26 +87,18 @@ def run_sft(args: argparse.Namespace) -> None:
 
 def run_grpo(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    demo = [
-        f"data={out / 'world' / 'rl.jsonl'}", f"output_dir={out / args.name}",
-        f"model.path={args.model}", "model.device=cpu", "model.rollout_batch_size=128",
-        f"templates={out / 'templates.yaml'}", f"retriever={out / 'index'}",
-        f"agent_name={args.agent}", f"steps={args.steps}", f"save_every={args.save_every}",
-        f"questions_per_step={DEMO.grpo_questions_per_step}",
-        f"mini_batch_questions={DEMO.grpo_questions_per_step}", f"group_size={DEMO.group_size}",
-        f"temperature={DEMO.temperature}", f"optim.lr={DEMO.grpo_lr}", f"beta={DEMO.grpo_beta}",
-        "tensorboard=false", "sample_every=0",
-        *(f"agent.{k}={v}" for k, v in vars(DEMO.agent).items() if k in AGENT_KEYS),
-    ]  # fmt: skip
-    train_grpo(load_config(GRPOConfig, None, demo + args.set))
+    # the demo's GRPO settings as a preset (NAME.yaml), --set on top; the trainer logs the
+    # effective config in its run folder
+    steps = replace(DEMO, grpo_steps=args.steps)
+    base = grpo_config(steps, args.agent, out, Path(args.model), out / args.name, seed=0)
+    preset = out / f"{args.name}.yaml"
+    preset.write_text(yaml.safe_dump(config_to_dict(base)), encoding="utf-8")
+    train_grpo(load_config(GRPOConfig, preset, [f"save_every={args.save_every}", *args.set]))
     rows = [json.loads(line) for line in (out / args.name / "metrics.jsonl").open()]
     print("reward per step:", " ".join(f"{r['reward/mean']:.2f}" for r in rows))
     for step in range(args.save_every, args.steps + 1, args.save_every):
         model = str(out / args.name / f"step-{step}" / "model")
         score(out, model, args.agent, "test", args.test, out / args.name / "eval" / str(step))
-
-
-AGENT_KEYS = ("max_turns", "memory_tokens", "max_new_tokens", "top_n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -17,7 +18,7 @@ Item = TypeVar("Item")
 Worker = TypeVar("Worker", bound="QueueWorker[Any]")
 
 
-class QueueWorker(Generic[Item]):
+class QueueWorker(ABC, Generic[Item]):
     """A queue of ``Item``, one worker thread, and the task that feeds it (written by ``_run``).
 
     ``start``/``stop`` run it from inside an event loop (a server's lifespan), or ``async with``.
@@ -45,5 +46,6 @@ class QueueWorker(Generic[Item]):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    @abstractmethod
     async def _run(self) -> None:
-        raise NotImplementedError
+        """Take requests from ``self.queue`` forever, running them on ``self.executor``."""

@@ -17,7 +17,6 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -42,9 +41,15 @@ from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfi
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["AGENTS", "PRESETS", "DemoConfig", "evaluate_questions", "run_demo", "sft_config"]
+__all__ = [
+    "AGENTS",
+    "PRESETS",
+    "DemoConfig",
+    "evaluate_questions",
+    "grpo_config",
+    "run_demo",
+    "sft_config",
+]
 
 AGENTS = ("memsearcher", "react")
 
@@ -159,30 +164,11 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     grpo_models = {}
     for agent in AGENTS:
         done = stage(f"GRPO ({agent})")
-        grpo = GRPOConfig(
-            data=str(paths["rl"]),
-            output_dir=str(out / f"grpo-{agent}"),
-            agent_name=agent,
-            retriever=str(out / "index"),
-            templates=str(templates_file),
-            seed=seed,
-            steps=config.grpo_steps,
-            questions_per_step=config.grpo_questions_per_step,
-            mini_batch_questions=config.grpo_questions_per_step,
-            group_size=config.group_size,
-            temperature=config.temperature,
-            beta=config.grpo_beta,
-            save_every=config.grpo_steps,
-            sample_every=0,
-            tensorboard=False,
-            model=ModelConfig(path=str(sft_model), device="cpu", rollout_batch_size=128),
-            optim=OptimConfig(lr=config.grpo_lr),
-            agent=config.agent,
-        )
-        train_grpo(grpo)
-        rewards = " ".join(f"{r:.2f}" for r in _metric(out / f"grpo-{agent}", "reward/mean"))
+        output = out / f"grpo-{agent}"
+        train_grpo(grpo_config(config, agent, out, sft_model, output, seed))
+        rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
         echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
-        grpo_models[agent] = out / f"grpo-{agent}" / f"step-{config.grpo_steps}" / "model"
+        grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
         done()
 
     done = stage("evaluation")
@@ -238,6 +224,33 @@ def sft_config(config: DemoConfig, data: Path, init: Path, output: Path, seed: i
         tensorboard=False,
         model=ModelConfig(path=str(init), device="cpu"),
         optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
+    )
+
+
+def grpo_config(
+    config: DemoConfig, agent: str, folder: Path, model: Path, output: Path, seed: int
+) -> GRPOConfig:
+    """The demo's GRPO run for ``agent`` from ``model``, on the ``rl`` questions, index and
+    templates of the demo folder ``folder``."""
+    return GRPOConfig(
+        data=str(folder / "world" / "rl.jsonl"),
+        output_dir=str(output),
+        agent_name=agent,
+        retriever=str(folder / "index"),
+        templates=str(folder / "templates.yaml"),
+        seed=seed,
+        steps=config.grpo_steps,
+        questions_per_step=config.grpo_questions_per_step,
+        mini_batch_questions=config.grpo_questions_per_step,
+        group_size=config.group_size,
+        temperature=config.temperature,
+        beta=config.grpo_beta,
+        save_every=config.grpo_steps,
+        sample_every=0,
+        tensorboard=False,
+        model=ModelConfig(path=str(model), device="cpu", rollout_batch_size=128),
+        optim=OptimConfig(lr=config.grpo_lr),
+        agent=config.agent,
     )
 
 
