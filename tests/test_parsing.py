@@ -171,8 +171,8 @@ def test_tool_call_extra_keys_are_ignored() -> None:
         ("\\boxed{f(\\{x\\})}", "f(\\{x\\})"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("\\boxed{first} then \\boxed{second}", "second"),
-        ("\\boxed{good} and \\boxed{unbalanced", "good"),
-        ("\\boxed{a}} \\boxed{b{", "a"),
+        ("\\boxed{unbalanced \\boxed{good}", "good"),
+        ("\\boxed{a}} \\boxed{b}", "b"),
         ("\\boxed{\\text{Barack Obama}}", "Barack Obama"),
         ("\\boxed{ \\text{ padded } }", "padded"),
         ("\\boxed{\\text{a} and \\text{b}}", "\\text{a} and \\text{b}"),
@@ -188,7 +188,18 @@ def test_extract_boxed(text: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["no answer", "\\boxed{never closed", "\\boxed{a\\}", "\\boxed x", "\\\\boxed{x}", ""]
+    "text",
+    [
+        "no answer",
+        "\\boxed{never closed",
+        "\\boxed{a\\}",
+        "\\boxed x",
+        "\\\\boxed{x}",
+        "",
+        # the last \boxed decides, as the reference's last_boxed_only_string: unclosed is none
+        "first \\boxed{wrong} then \\boxed{Paris",
+        "\\boxed{a}} \\boxed{b{",
+    ],
 )
 def test_extract_boxed_none(text: str) -> None:
     assert extract_boxed(text) is None
@@ -196,7 +207,8 @@ def test_extract_boxed_none(text: str) -> None:
 
 def test_extract_boxed_many_unbalanced_is_fast() -> None:
     # Linear scan: 20k unbalanced openings must not go quadratic.
-    assert extract_boxed("\\boxed{x} " + "\\boxed{" * 20_000) == "x"
+    assert extract_boxed("\\boxed{x} " + "\\boxed{" * 20_000) is None
+    assert extract_boxed("\\boxed{" * 20_000 + " \\boxed{x}") == "x"
 
 
 # --- action ------------------------------------------------------------------------------------
@@ -258,8 +270,10 @@ def test_action_empty_answer(boxed: str) -> None:
     assert failure_kind(parse_action(f"<think>t</think> {boxed}")) == "empty_answer"
 
 
-def test_action_unbalanced_boxed_is_no_action() -> None:
-    assert failure_kind(parse_action("<think>t</think> \\boxed{x")) == "no_action"
+def test_action_unclosed_last_boxed_is_no_answer() -> None:
+    assert failure_kind(parse_action("<think>t</think> \\boxed{x")) == "unclosed_answer"
+    text = "<think>t</think> first \\boxed{wrong} then \\boxed{Paris"
+    assert failure_kind(parse_action(text)) == "unclosed_answer"
 
 
 def test_action_custom_tool_name() -> None:

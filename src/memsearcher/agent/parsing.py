@@ -30,6 +30,7 @@ ParseFailureKind = Literal[
     "missing_think",
     "unclosed_think",
     "no_action",
+    "unclosed_answer",
     "ambiguous_action",
     "multiple_tool_calls",
     "unclosed_tool_call",
@@ -148,14 +149,15 @@ def parse_tool_call(
     return _call_from_json(text[start:end], tool_name)
 
 
-def _macro_spans(text: str, macro: str) -> list[tuple[int, int]]:
-    """Inner spans of every balanced ``macro{...}`` in text.
+def _macro_groups(text: str, macro: str) -> dict[int, int | None]:
+    """Every ``macro{`` in text: the inner start of its group -> the inner end, or None when
+    the group is never closed.
 
     One left-to-right pass with a stack, so many unbalanced occurrences stay linear. A backslash
     escapes the next character, as in LaTeX: ``\\{`` is a literal brace, not a group.
     """
     tokens = re.compile(re.escape(macro) + r"\{|\\.|[{}]", re.DOTALL)
-    spans: list[tuple[int, int]] = []
+    groups: dict[int, int | None] = {}
     opened: list[int | None] = []  # inner start of each open group; None for a plain brace
     for match in tokens.finditer(text):
         token = match.group()
@@ -164,21 +166,27 @@ def _macro_spans(text: str, macro: str) -> list[tuple[int, int]]:
         elif token == "}":
             start = opened.pop() if opened else None
             if start is not None:
-                spans.append((start, match.start()))
+                groups[start] = match.start()
         elif token == macro + "{":
             opened.append(match.end())
-    return spans
+            groups[match.end()] = None
+    return groups
 
 
 def extract_boxed(text: str) -> str | None:
-    """Stripped content of the last balanced ``\\boxed{...}``, one ``\\text{}`` unwrapped."""
-    spans = _macro_spans(text, "\\boxed")
-    if not spans:
+    """Stripped content of the last ``\\boxed{...}``, one ``\\text{}`` unwrapped; None when
+    there is none, or when the last one is never closed: the reference reward code
+    (``last_boxed_only_string``) reads that as no answer, not as the one before it."""
+    groups = _macro_groups(text, "\\boxed")
+    if not groups:
         return None
-    start, end = max(spans)
+    start = max(groups)
+    end = groups[start]
+    if end is None:
+        return None
     answer = text[start:end].strip()
     # Unwrap only when a single \text{...} group spans the whole answer, not "\text{a} \text{b}".
-    if (len("\\text{"), len(answer) - 1) in _macro_spans(answer, "\\text"):
+    if _macro_groups(answer, "\\text").get(len("\\text{")) == len(answer) - 1:
         answer = answer[len("\\text{") : -1].strip()
     return answer
 
@@ -192,11 +200,14 @@ def parse_action(text: str, tool_name: str = "wikipedia_search") -> ParsedAction
     after = text[end:]
     call = parse_tool_call(after, tool_name)
     # A \boxed{} inside the tool call's JSON is part of the query, not an answer.
-    answer = extract_boxed(_TOOL_CALL_BLOCK.sub(" ", after))
+    outside = _TOOL_CALL_BLOCK.sub(" ", after)
+    answer = extract_boxed(outside)
     if call is not None and answer is not None:
         return ParseFailure("ambiguous_action", "both a tool call and a \\boxed{} answer")
     if call is not None:
         return call if isinstance(call, ParseFailure) else ParsedAction(think, call)
+    if answer is None and _macro_groups(outside, "\\boxed"):
+        return ParseFailure("unclosed_answer", "the last \\boxed{ is never closed")
     if answer is None:
         return ParseFailure(
             "no_action", "neither a tool call nor a \\boxed{} answer after </think>"
