@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from memsearcher.agent.base import Episode, Generate, Search
-from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.llm.base import Completion, SamplingParams, Tokenizer, derive_seed
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Hit, Trajectory
 from memsearcher.worker import QueueWorker
@@ -26,9 +26,6 @@ from memsearcher.worker import QueueWorker
 logger = logging.getLogger(__name__)
 
 DoneCallback = Callable[[int, Trajectory], None]
-
-# Call k of episode i uses seed + i * _SEED_STRIDE + k: reproducible whatever the scheduling.
-_SEED_STRIDE = 1_000_003
 
 
 class AsyncLLM(Protocol):
@@ -125,9 +122,10 @@ async def run_async(
             calls = 0
             while (request := episode.next_request()) is not None:
                 if isinstance(request, Generate):
+                    # episode i's call k has its own stream, whatever the scheduling
                     seed = sampling.seed
                     if seed is not None:
-                        seed += index * _SEED_STRIDE + calls
+                        seed = derive_seed(seed, index, calls)
                     params = replace(
                         sampling,
                         max_new_tokens=request.max_new_tokens,

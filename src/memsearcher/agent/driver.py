@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memsearcher.agent.base import Episode, Generate, Search
-from memsearcher.llm.base import LLM, SamplingParams
+from memsearcher.llm.base import LLM, SamplingParams, derive_seed
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Trajectory, Turn
 
@@ -32,8 +32,9 @@ def run_lockstep(
     """Run every episode to its end and return their trajectories in order.
 
     ``sampling`` gives temperature, top-p and the base seed; each episode's request sets the
-    token budget and stop strings. Call k of a run uses seed ``sampling.seed + k`` so that a
-    seeded run is reproducible. ``on_turn(episode_index, turn)`` sees each turn as it closes.
+    token budget and stop strings. Call k of a run uses seed ``derive_seed(sampling.seed, k)``,
+    so a seeded run is reproducible and no two calls share a stream. ``on_turn(episode_index,
+    turn)`` sees each turn as it closes.
     """
     seen_turns = [0] * len(episodes)
     calls = 0
@@ -56,7 +57,7 @@ def run_lockstep(
         if not generations and not searches:
             break
         for (max_new_tokens, stop), members in generations.items():
-            seed = None if sampling.seed is None else sampling.seed + calls
+            seed = None if sampling.seed is None else derive_seed(sampling.seed, calls)
             params = replace(sampling, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
             prompts = [_generate_request(episodes[i]).prompt_ids for i in members]
             completions = llm.generate(prompts, params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,7 +12,13 @@ from memsearcher.types import FinishReason
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to decode one batch of prompts."""
+    """How to decode one batch of prompts.
+
+    Every backend draws from exactly softmax(logits / temperature) within the top-p nucleus
+    (greedy at temperature 0), with every other logits processor off, whatever the checkpoint's
+    generation_config or the server's defaults say (`NEUTRAL_PROCESSORS`): that is the
+    distribution the trainer's log-probs model, and it makes backends agree.
+    """
 
     max_new_tokens: int = 512
     """Generation budget per prompt."""
@@ -31,6 +38,25 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+# The neutral value of each logits processor that checkpoints or servers switch on by default
+# (Qwen2.5-Instruct's generation_config: repetition_penalty 1.05, top_k 20; llama.cpp's server:
+# top_k 40, min_p 0.05). Names as vLLM's SamplingParams and the OpenAI-style servers take them.
+NEUTRAL_PROCESSORS: dict[str, float] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for the stream named by ``parts`` (step, rank, call, row, ...) under
+    ``seed``: a hash, so streams never overlap the way ``seed + rank + call`` ones do."""
+    text = ",".join(str(int(p)) for p in (seed, *parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -121,8 +122,6 @@ class HFModel:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]:
-        from transformers import GenerationConfig
-
         pad = self._tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -132,26 +131,33 @@ class HFModel:
                 raise ValueError("cannot generate from an empty prompt")
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
             attention_mask[row, width - len(prompt) :] = 1
+        with plain_sampling(self.model):
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=self.generation_config(params),
+                stopping_criteria=[_StopStrings(self._tokenizer, params.stop, width)]
+                if params.stop
+                else None,
+            )
+        generated = output[:, width:].tolist()
+        return [self._finish(row, params) for row in generated]
+
+    def generation_config(self, params: SamplingParams) -> Any:
+        """transformers' config for ``params``: greedy, or softmax(logits / temperature) within
+        the top-p nucleus, and no other logits processor (`plain_sampling`)."""
+        from transformers import GenerationConfig
+
         sampling = params.temperature > 0
-        config = GenerationConfig(
+        return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=sampling,
             temperature=params.temperature if sampling else None,
             top_p=params.top_p if sampling else None,
-            top_k=0 if sampling else None,  # plain temperature sampling, as vLLM's default
+            top_k=0 if sampling else None,
             eos_token_id=sorted(self._tokenizer.eos_token_ids),
-            pad_token_id=pad,
+            pad_token_id=self._tokenizer.pad_token_id,
         )
-        output = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            generation_config=config,
-            stopping_criteria=[_StopStrings(self._tokenizer, params.stop, width)]
-            if params.stop
-            else None,
-        )
-        generated = output[:, width:].tolist()
-        return [self._finish(row, params) for row in generated]
 
     def _finish(self, tokens: list[int], params: SamplingParams) -> Completion:
         """Cut one row of batched output where its own generation ended.
@@ -185,6 +191,27 @@ class HFModel:
             else:
                 low = middle + 1
         return low
+
+
+@contextmanager
+def plain_sampling(model: Any) -> Iterator[None]:
+    """Generate with no defaults from the checkpoint's ``generation_config``.
+
+    transformers fills every field a passed config leaves unset from the checkpoint's
+    generation_config, so Qwen2.5-Instruct's ``repetition_penalty=1.05`` (or a ``top_k``,
+    ``min_p``, ``no_repeat_ngram_size``...) would reshape the distribution rollouts are drawn
+    from, while the learner's log-probs are plain softmax(logits / T). For the call, the model
+    gets an empty generation_config, so the one we pass is the whole story.
+    """
+    from transformers import GenerationConfig
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = base.generation_config
+    base.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        base.generation_config = saved
 
 
 class _StopStrings:

@@ -29,7 +29,13 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.llm.base import (
+    NEUTRAL_PROCESSORS,
+    Completion,
+    SamplingParams,
+    Tokenizer,
+    derive_seed,
+)
 from memsearcher.types import FinishReason
 
 logger = logging.getLogger(__name__)
@@ -242,11 +248,14 @@ class OpenAIHTTPModel:
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            # the server's own defaults off (llama.cpp spells the penalty repeat_penalty)
+            **NEUTRAL_PROCESSORS,
+            "repeat_penalty": 1.0,
         }
         if params.stop:
             payload["stop"] = list(params.stop)
         if params.seed is not None:
-            payload["seed"] = params.seed
+            payload["seed"] = params.seed % 2**31  # servers take 32-bit signed seeds
         return payload
 
     async def _complete(
@@ -397,4 +406,4 @@ def _refused_token_prompt(response: Any) -> bool:
 
 def _seed(seed: int | None, index: int) -> int | None:
     # distinct per prompt, so that a group of identical prompts does not sample identically
-    return None if seed is None else (seed * 1_000_003 + index) % (2**31 - 1)
+    return None if seed is None else derive_seed(seed, index)

@@ -4,6 +4,7 @@ vllm is imported lazily (``pip install vllm`` on a CUDA machine); nothing else i
 needs it. Prompts go in as ``TokensPrompt`` so the model sees exactly the agent's tokens, the
 stop string stays in the output (``include_stop_str_in_output``), and each prompt samples with
 its own seed so that a group of identical prompts does not produce identical trajectories.
+Sampling is plain (`memsearcher.llm.base.NEUTRAL_PROCESSORS`), as in every backend.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
+from memsearcher.llm.base import (
+    NEUTRAL_PROCESSORS,
+    Completion,
+    SamplingParams,
+    Tokenizer,
+    derive_seed,
+)
 from memsearcher.types import FinishReason
 
 logger = logging.getLogger(__name__)
@@ -85,7 +92,8 @@ class VLLMModel:
                 stop=list(params.stop) or None,
                 include_stop_str_in_output=True,
                 skip_special_tokens=False,
-                seed=None if params.seed is None else params.seed + i,
+                seed=None if params.seed is None else derive_seed(params.seed, i),
+                **NEUTRAL_PROCESSORS,
             )
             for i in range(len(prompts))
         ]
