@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from memsearcher.rl.config import GRPOConfig, load_config
+from memsearcher.rl.distributed import unwrap
 from memsearcher.rl.rewards import REWARDS
-from memsearcher.rl.runtime import unwrap
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.types import Trajectory
 

@@ -99,6 +99,7 @@ def test_accumulated_gradient_equals_the_whole_mini_batch(
     of `policy_loss` over the whole mini-batch at once. Masked-token counts differ per
     sequence, so a wrong weight would show."""
     from memsearcher.rl.config import GRPOConfig
+    from memsearcher.rl.distributed import Runtime
     from memsearcher.rl.loss import policy_loss
     from memsearcher.rl.train_grpo import _units, accumulate_gradients
 
@@ -133,7 +134,8 @@ def test_accumulated_gradient_equals_the_whole_mini_batch(
     plans = plan_micro_batches([len(s.input_ids) for s in sequences], 1, units)
     assert len(plans) > 2
     micro = [collate(sequences, plan, pad_id=0) for plan in plans]
-    metrics = accumulate_gradients(tiny, micro, old, ref, advantages, trajectory_ids, config)
+    one = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    metrics = accumulate_gradients(tiny, micro, old, ref, advantages, trajectory_ids, config, one)
     for got, want in zip(gradient(), expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
     assert metrics["train/loss"] == pytest.approx(loss.item(), rel=1e-5)

@@ -81,7 +81,8 @@ def _naive_loss(
             ratio = math.exp(lp - ol)
             clipped = min(max(ratio, 1 - CLIP_LOW), 1 + CLIP_HIGH)
             pg = -min(ratio * a, clipped * a)
-            kl = math.exp(rf - lp) - (rf - lp) - 1
+            d = min(max(rf - lp, -20.0), 20.0)  # veRL's low_var_kl bounds
+            kl = min(math.exp(d) - d - 1, 10.0)
             row.append(pg + beta * kl)
         token_losses.append(row)
     if aggregation == "token-mean":
@@ -289,6 +290,26 @@ def test_k3_kl_gradient() -> None:
     expected_kl = (math.exp(-0.5) - 0.5 + (math.e - 2)) / 3
     assert metrics["train/kl"].item() == pytest.approx(expected_kl)
     assert loss.item() == pytest.approx(beta * expected_kl)
+
+
+def test_k3_kl_is_bounded_as_verls_low_var_kl() -> None:
+    """A token the reference finds far likelier (or far less likely) than the policy: the k3
+    value is clamped to 10 (after the log-ratio to +-20), so it stays finite, adds no gradient
+    and cannot swamp the other tokens; unbounded, exp(60) overflows float32 to inf."""
+    logprobs = torch.tensor([[-70.0, -1.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-10.0, -1.5, -1.0 - 60.0]])
+    loss, metrics = policy_loss(
+        logprobs, logprobs.detach(), torch.zeros(1), torch.ones(1, 3), 0.2, 0.2,
+        ref_logprobs=ref, beta=1.0,
+    )  # fmt: skip
+    loss.backward()
+    assert logprobs.grad is not None and torch.isfinite(logprobs.grad).all()
+    # d = [60 -> 20, -0.5, -60 -> -20]: k3 = 10 (clamped), e^-0.5 + 0.5 - 1, 10 (clamped)
+    middle = math.exp(-0.5) + 0.5 - 1
+    assert metrics["train/kl"].item() == pytest.approx((10 + middle + 10) / 3)
+    assert loss.item() == pytest.approx((10 + middle + 10) / 3)
+    expected = torch.tensor([[0.0, (1 - math.exp(-0.5)) / 3, 0.0]])
+    torch.testing.assert_close(logprobs.grad, expected)
 
 
 def test_token_logprobs_matches_log_softmax() -> None:

@@ -216,6 +216,34 @@ def test_resume_without_a_checkpoint_is_a_clear_error(
         train_sft(sft_config(tiny, replay_trajectories, tmp_path / "none"), resume=True)
 
 
+class _Payload:
+    """Unpickling this runs ``touch``, as any pickle may run code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.path,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["optimizer.pt", "rng-rank0.json", "scheduler.json"])
+def test_resuming_a_crafted_checkpoint_runs_nothing_and_says_why(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path, target: str
+) -> None:
+    """Someone else's checkpoint is safe to resume: a pickle that would run code in any of
+    its state files is refused (no file written), with an error that names the file."""
+    from memsearcher.errors import MemSearcherError
+
+    out = tmp_path / "out"
+    train_sft(sft_config(tiny, replay_trajectories, out, "steps=1"))
+    ran = tmp_path / "ran"
+    torch.save({"state": _Payload(ran), "param_groups": []}, out / "step-1" / target)
+    with pytest.raises(MemSearcherError, match=target.replace(".", r"\.")):
+        train_sft(sft_config(tiny, replay_trajectories, out, "steps=2"), resume=True)
+    assert not ran.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token-mean", "sequence-mean", "trajectory-mean"])
 def test_accumulation_over_micro_batches_equals_one_big_batch(
@@ -265,13 +293,56 @@ def test_degenerate_groups_are_counted_and_can_be_filtered(
     tiny: Path, questions: Path, tmp_path: Path
 ) -> None:
     """The untrained model never answers: graded reward 0 everywhere, every group degenerate.
-    Filtered, nothing is left to train on, and the step still completes."""
+    Filtered, nothing is left to train on: no update runs, and the step still completes."""
     out = tmp_path / "out"
     train_grpo(grpo_config(tiny, questions, out, "steps=1", "filter_degenerate=true", "beta=0"))
     (metrics,) = read_metrics(out)
     assert metrics["rollout/degenerate_groups"] == 4
     assert metrics["rollout/degenerate_fraction"] == 1.0
-    assert metrics["train/grad_norm"] == 0.0
+    assert metrics["train/skipped_updates"] == 2
+    assert_same_weights_as_model(tiny, out / "step-1")
+
+
+@pytest.mark.slow
+def test_a_step_without_signal_leaves_weights_optimizer_and_schedule_alone(
+    tiny: Path, questions: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 has varied rewards and trains; step 2's groups are all degenerate and filtered.
+    A zero-gradient AdamW step would still move every weight along its moments (about 2/3 of
+    the previous step's move) and the warm-up would advance: step 2 must change nothing."""
+    calls = []
+
+    def reward(trajectory: Trajectory) -> float:
+        calls.append(1)
+        if len(calls) > 12:  # step 2 (4 questions x 3 trajectories per step): one value
+            return 0.0
+        return float(len(trajectory.turns[0].action_text) % 5) / 5 if trajectory.turns else 0.0
+
+    monkeypatch.setitem(REWARDS, "test-first-step-only", reward)
+    out = tmp_path / "out"
+    overrides = ["reward=test-first-step-only", "filter_degenerate=true", "beta=0"]
+    train_grpo(grpo_config(tiny, questions, out, *overrides, "optim.warmup_steps=10"))
+    first, second = read_metrics(out)
+    assert first["train/skipped_updates"] == 0 and first["train/grad_norm"] > 0
+    assert second["rollout/degenerate_fraction"] == 1.0
+    assert second["train/skipped_updates"] == 2
+    assert second["train/lr"] == first["train/lr"]  # the warm-up did not advance
+    a, b = weights(out / "step-1"), weights(out / "step-2")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    moments = [
+        torch.load(out / s / "optimizer.pt", weights_only=True) for s in ("step-1", "step-2")
+    ]
+    for key, state in moments[0]["state"].items():
+        assert torch.equal(state["exp_avg"], moments[1]["state"][key]["exp_avg"])
+    schedules = [(out / s / "scheduler.json").read_text() for s in ("step-1", "step-2")]
+    assert schedules[0] == schedules[1]
+
+
+def assert_same_weights_as_model(folder: Path, checkpoint: Path) -> None:
+    start, end = weights_of_model(folder), weights(checkpoint)
+    for key, value in end.items():
+        assert torch.equal(start[key], value), key
 
 
 @pytest.mark.slow
@@ -318,3 +389,27 @@ def test_bfloat16_autocast_over_float32_weights(
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["train/grad_norm"] > 0
     assert all(v.dtype == torch.float32 for v in weights(out / "step-1").values())
+
+
+def test_the_reference_copy_is_held_in_the_compute_dtype(tiny: Path) -> None:
+    """Under bfloat16 autocast the frozen KL reference is a bfloat16 copy (half the memory of
+    a float32 one), and its log-probs under autocast stay those of the float32 reference."""
+    from transformers import AutoModelForCausalLM
+
+    from memsearcher.rl.batching import collate, sequence_logprobs
+    from memsearcher.rl.policy import Precision, frozen_copy
+    from memsearcher.types import TokenSequence
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    reference = frozen_copy(model, Precision(torch.float32, "bfloat16"))
+    assert {p.dtype for p in reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert not any(p.requires_grad for p in reference.parameters())
+    sequence = TokenSequence(tuple(range(10, 40)), tuple(range(50, 70)), (1,) * 20)
+    batch = collate([sequence], [0], pad_id=0)
+    with torch.no_grad():
+        full = sequence_logprobs(model, batch, compute="bfloat16")
+        half = sequence_logprobs(reference, batch, compute="bfloat16")
+    torch.testing.assert_close(half, full, rtol=0, atol=0.05)
+    plain = frozen_copy(model, Precision(torch.float32, None))
+    assert {p.dtype for p in plain.parameters()} == {torch.float32}

@@ -108,7 +108,7 @@ def test_question_errors_name_file_and_line(tmp_path: Path, line: str, message: 
 
 
 def test_draw_is_a_pure_function_of_position() -> None:
-    from memsearcher.rl.runtime import draw
+    from memsearcher.rl.seeding import draw
 
     whole = draw(5, 0, 12, seed=3)
     assert sorted(whole[:5]) == list(range(5)) and sorted(whole[5:10]) == list(range(5))
@@ -120,7 +120,7 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
     import torch
 
     from memsearcher.rl.config import OptimConfig
-    from memsearcher.rl.runtime import make_scheduler
+    from memsearcher.rl.optim import make_scheduler
 
     def lrs(schedule: str) -> list[float]:
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -137,3 +137,62 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
     assert lrs("cosine") == pytest.approx([0.5, 1, 1, 0.8535534, 0.5, 0.1464466])
     with pytest.raises(MemSearcherError, match="choose one of"):
         lrs("linear")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["top_p=0.9"], "top_p=0.9: GRPO samples from softmax"),
+        (["model.dtype=bfloat16"], "model.dtype=bfloat16 with optim.lr=1e-06"),
+        (["model.dtype=float16", "optim.lr=5e-5"], "Keep model.dtype=float32"),
+        (["model.dtype=auto"], "model.dtype must be one of"),
+    ],
+)
+def test_precision_and_sampling_that_cannot_train_are_refused(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(MemSearcherError, match=message.replace("(", r"\(")):
+        load_config(GRPOConfig, None, overrides)
+
+
+def test_bfloat16_weights_are_accepted_where_they_train() -> None:
+    """LoRA keeps its adapters in float32 over a frozen bfloat16 base; a large lr moves
+    bfloat16 weights."""
+    load_config(GRPOConfig, None, ["model.dtype=bfloat16", "model.lora_rank=8"])
+    load_config(SFTConfig, None, ["model.dtype=bfloat16", "optim.lr=1e-3"])
+
+
+def test_the_default_precision_is_float32_weights_under_autocast() -> None:
+    """On a GPU the defaults give float32 master weights and bfloat16 forward passes; the old
+    default, bfloat16 weights, rounds every lr 1e-6 AdamW step away (next test)."""
+    import torch
+
+    from memsearcher.rl.policy import resolve_precision
+
+    model = GRPOConfig().model
+    assert (model.dtype, model.autocast) == ("float32", "auto")
+    cpu = resolve_precision(model, "cpu")
+    assert (cpu.weights, cpu.compute) == (torch.float32, None)
+
+
+def test_adamw_at_lr_1e6_moves_float32_weights_and_not_bfloat16_ones() -> None:
+    """Why bfloat16 trainable weights are refused: 100 AdamW steps at lr 1e-6 leave bfloat16
+    weights of 0.02 / 0.005 / -0.03 exactly where they were, and move float32 ones."""
+    import torch
+
+    def train(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = torch.nn.Parameter(torch.tensor([0.02, 0.005, -0.03], dtype=dtype))
+        start = weight.detach().clone()
+        optimizer = torch.optim.AdamW([weight], lr=1e-6, weight_decay=0.0)
+        for _ in range(100):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = (weight * torch.tensor([1.0, -1.0, 1.0])).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return start, weight.detach()
+
+    start, end = train(torch.bfloat16)
+    assert torch.equal(start, end)
+    start, end = train(torch.float32)
+    assert torch.all((start - end).abs() > 5e-5)

@@ -93,7 +93,7 @@ def test_two_gloo_ranks_end_with_identical_parameters(tmp_path: Path) -> None:
     start = load_file(tiny / "model.safetensors")
     assert any(not torch.equal(rank0[k], v) for k, v in start.items() if k in rank0)
     assert (out / "step-1" / "state.json").is_file()
-    assert (out / "step-1" / "rng-rank1.pt").is_file()  # each rank saves its own RNG
+    assert (out / "step-1" / "rng-rank1.json").is_file()  # each rank saves its own RNG
     metrics = read_metrics(out)
     assert len(metrics) == 1  # rank 0 alone logs
 
@@ -126,7 +126,7 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
     saved = load_file(out / "step-2" / "model" / "model.safetensors")
     for key, value in saved.items():  # the checkpoint is the whole model, not a shard
         torch.testing.assert_close(value, full[key], rtol=0, atol=0, msg=key)
-    optimizer = torch.load(out / "step-2" / "optimizer.pt")
+    optimizer = torch.load(out / "step-2" / "optimizer.pt", weights_only=True)
     assert set(optimizer["state"]) == set(start)  # whole optimizer state, keyed by name
 
     shutil.rmtree(out / "step-2")
@@ -136,6 +136,40 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
     resumed = assert_ranks_equal(out)
     for key, value in full.items():
         torch.testing.assert_close(resumed[key], value, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", ["token-mean", "trajectory-mean"])
+def test_uneven_ranks_train_on_the_loss_of_the_whole_mini_batch(
+    tmp_path: Path, aggregation: str
+) -> None:
+    """Two DDP ranks, one holding a single short sequence and the other five, end with the
+    gradient of the policy loss over all six in one process: each micro-batch is weighted by
+    its share of the units of the whole mini-batch over all ranks, not of its own rank's."""
+    from accumulate_worker import ADVANTAGES, TRAJECTORY_IDS, inputs
+    from transformers import AutoModelForCausalLM
+
+    from memsearcher.rl.batching import collate, right_aligned, sequence_logprobs
+    from memsearcher.rl.loss import policy_loss
+
+    tiny = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "grads.safetensors"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    run([*command, str(HERE / "accumulate_worker.py"), str(tiny), str(out), aggregation])
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    sequences, old, ref = inputs()
+    whole = collate(sequences, range(6), pad_id=0)
+    loss, _ = policy_loss(
+        sequence_logprobs(model, whole), right_aligned(old, whole), ADVANTAGES,
+        whole.loss_mask, 0.2, 0.3, ref_logprobs=right_aligned(ref, whole), beta=0.1,
+        aggregation=aggregation, trajectory_ids=TRAJECTORY_IDS,
+    )  # fmt: skip
+    loss.backward()
+    ranks = load_file(out)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None
+        torch.testing.assert_close(ranks[name], parameter.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +205,7 @@ SFT = ["steps=2", "sequences_per_step=4", "micro_batch_tokens=1100", "seed=1"]
 def micro_batch_counts(data: Path, step: int) -> tuple[int, int]:
     """How many micro-batches each of two ranks packs at ``step`` of the `SFT` settings."""
     from memsearcher.rl.batching import plan_micro_batches
-    from memsearcher.rl.runtime import draw
+    from memsearcher.rl.seeding import draw
     from memsearcher.rl.train_sft import read_trajectories
 
     sequences = [s for t in read_trajectories(data) for s in t.sequences]
@@ -211,7 +245,7 @@ def test_accelerate_launch_runs_sft_on_two_cpu_ranks(
     step = out / "step-2"
     assert (step / "state.json").is_file()
     assert json.loads((step / "state.json").read_text())["world_size"] == 2
-    assert {p.name for p in step.glob("rng-rank*.pt")} == {"rng-rank0.pt", "rng-rank1.pt"}
+    assert {p.name for p in step.glob("rng-rank*")} == {"rng-rank0.json", "rng-rank1.json"}
     metrics = read_metrics(out)
     assert [m["step"] for m in metrics] == [1, 2]  # rank 0 alone logs
     start = load_file(tiny / "model.safetensors")
@@ -227,7 +261,7 @@ def test_unknown_strategy_and_an_ignored_accelerate_fsdp_config_are_clear_errors
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from memsearcher.errors import MemSearcherError
-    from memsearcher.rl.runtime import Runtime, wrap_for_training
+    from memsearcher.rl.distributed import Runtime, wrap_for_training
 
     single = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
     model = torch.nn.Linear(2, 2)

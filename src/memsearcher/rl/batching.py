@@ -10,18 +10,19 @@ logits (the biggest tensor by far, V per position) are computed for response pos
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from memsearcher.rl.distributed import unwrap
 from memsearcher.rl.loss import token_logprobs
-from memsearcher.rl.runtime import unwrap
+from memsearcher.rl.policy import autocast
 from memsearcher.types import TokenSequence
 
 __all__ = [
     "MicroBatch",
+    "blank_batch",
     "collate",
     "padding_share",
     "plan_micro_batches",
@@ -117,8 +118,22 @@ def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: 
     )
 
 
+def blank_batch(pad_id: int) -> MicroBatch:
+    """One pad token with loss mask 0 and no sequence behind it: a forward and backward pass
+    that adds nothing, for a rank that holds none of a mini-batch's sequences."""
+    one = torch.ones((1, 1), dtype=torch.long)
+    return MicroBatch(
+        indices=(),
+        input_ids=one * pad_id,
+        attention_mask=one,
+        position_ids=one * 0,
+        targets=one * pad_id,
+        loss_mask=torch.zeros((1, 1), dtype=torch.float32),
+    )
+
+
 def sequence_logprobs(
-    model: Any, batch: MicroBatch, temperature: float = 1.0, autocast: str | None = None
+    model: Any, batch: MicroBatch, temperature: float = 1.0, compute: str | None = None
 ) -> torch.Tensor:
     """(B, R) log-probabilities of the last R tokens of each row under ``model``; 0 where the
     loss mask is 0.
@@ -126,7 +141,7 @@ def sequence_logprobs(
     Only positions with loss mask 1 reach the output layer: a pre-hook on it keeps just their
     hidden states, so tool responses inside the response window (often most of a MemSearcher
     turn) cost no (V,)-wide logits. Gradients flow when called outside ``torch.no_grad``.
-    ``autocast`` (e.g. "bfloat16") runs the model's forward in that dtype; the log-softmax is
+    ``compute`` (e.g. "bfloat16") runs the model's forward under autocast; the log-softmax is
     float32 either way.
     """
     device = next(model.parameters()).device
@@ -140,11 +155,8 @@ def sequence_logprobs(
 
     head = unwrap(model).get_output_embeddings()
     handle = head.register_forward_pre_hook(keep_masked)
-    precision = (
-        torch.autocast(device.type, dtype=getattr(torch, autocast)) if autocast else nullcontext()
-    )
     try:
-        with precision:
+        with autocast(compute, device):
             output = model(
                 input_ids=batch.input_ids.to(device),
                 attention_mask=batch.attention_mask.to(device),
@@ -173,14 +185,14 @@ def response_logprobs(
     token_budget: int,
     pad_id: int,
     temperature: float = 1.0,
-    autocast: str | None = None,
+    compute: str | None = None,
 ) -> list[torch.Tensor]:
     """Per sequence, the (len(response),) log-probs of its response tokens, on the CPU."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     lengths = [len(s.input_ids) for s in sequences]
     for plan in plan_micro_batches(lengths, token_budget):
         batch = collate(sequences, plan, pad_id)
-        logprobs = sequence_logprobs(model, batch, temperature, autocast).float().cpu()  # (B, R)
+        logprobs = sequence_logprobs(model, batch, temperature, compute).float().cpu()  # (B, R)
         for row, index in enumerate(plan):
             out[index] = logprobs[row, logprobs.shape[1] - len(sequences[index].response_ids) :]
     return out

@@ -5,11 +5,17 @@ A checkpoint is ``OUTPUT/step-N/``: it is written under a temporary name and ren
 complete, so a crash never leaves a half-written ``step-N``. Every rank saves its own RNG state;
 rank 0 writes everything else. An FSDP model's shards are gathered first, so its checkpoint is
 the same whole-model folder as a single process writes.
+
+Nothing is unpickled on resume, so a checkpoint from someone else is safe to load: weights are
+safetensors, the scheduler, RNG and run state are JSON, and the optimizer state (tensors in
+nested dicts) is read with ``torch.load(weights_only=True)``, which refuses any other type.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 import random
 import re
 import shutil
@@ -20,9 +26,16 @@ import numpy as np
 import torch
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.rl.runtime import Runtime, barrier, full_state, is_sharded, load_full_state, unwrap
+from memsearcher.rl.distributed import Runtime, barrier, is_sharded, unwrap
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "resume_step", "save_checkpoint"]
+__all__ = [
+    "full_state",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_full_state",
+    "resume_step",
+    "save_checkpoint",
+]
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -54,19 +67,19 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     barrier(runtime)
-    torch.save(_rng_state(), staging / f"rng-rank{runtime.rank}.pt")
+    _write_json(staging / f"rng-rank{runtime.rank}.json", _rng_state())
     weights, optim = full_state(model, optimizer) if is_sharded(model) else (None, None)
     if runtime.is_main:
         model = unwrap(model)
         model.save_pretrained(staging / "model", state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(staging / "model")
         torch.save(optim or optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(scheduler.state_dict(), staging / "scheduler.pt")
+        _write_json(staging / "scheduler.json", scheduler.state_dict())
     barrier(runtime)
     if runtime.is_main:
         # state.json last: latest_checkpoint treats a folder without it as incomplete.
         state = {**state, "step": step, "world_size": runtime.world_size}
-        (staging / "state.json").write_text(json.dumps(state, indent=2), encoding="utf-8")
+        _write_json(staging / "state.json", state)
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
     barrier(runtime)
@@ -82,26 +95,25 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and this rank's RNG; return the saved state."""
     folder = Path(folder)
-    state_file = folder / "state.json"
-    if not state_file.is_file():
+    if not (folder / "state.json").is_file():
         raise MemSearcherError(f"{folder} is not a complete checkpoint (no state.json)")
-    state: dict[str, Any] = json.loads(state_file.read_text(encoding="utf-8"))
-    if state["world_size"] != runtime.world_size:
+    state: dict[str, Any] = _read_json(folder / "state.json")
+    if state.get("world_size") != runtime.world_size:
         raise MemSearcherError(
-            f"{folder} was written by {state['world_size']} ranks; resuming on "
+            f"{folder} was written by {state.get('world_size')} ranks; resuming on "
             f"{runtime.world_size} would change the data order"
         )
+    optim = _load_tensors(folder / "optimizer.pt", runtime.device)
     if is_sharded(model):
-        optim = torch.load(folder / "optimizer.pt", map_location="cpu")
         load_full_state(model, optimizer, _read_weights(folder / "model"), optim)
     else:
         _load_weights(unwrap(model), folder / "model")
-        device = runtime.device
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt"))
-    rng = folder / f"rng-rank{runtime.rank}.pt"
-    if rng.is_file():
-        _set_rng_state(torch.load(rng, weights_only=False))
+        optimizer.load_state_dict(optim)
+    scheduler.load_state_dict(_read_json(folder / "scheduler.json"))
+    rng = folder / f"rng-rank{runtime.rank}.json"
+    if not rng.is_file():
+        raise MemSearcherError(f"{folder}: no {rng.name} (written by an older memsearcher?)")
+    _set_rng_state(_read_json(rng))
     return state
 
 
@@ -115,6 +127,73 @@ def resume_step(
     if checkpoint is None:
         raise MemSearcherError(f"--resume: no checkpoint in {output_dir}")
     return int(load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"])
+
+
+def full_state(model: Any, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """A sharded model's and its optimizer's state dicts, gathered whole onto rank 0's CPU
+    (every rank must call this); keyed by parameter name, as `load_full_state` reads them."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    optim = get_optimizer_state_dict(model, optimizer, options=options)
+    return weights, optim
+
+
+def load_full_state(
+    model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, Any], optim: Any
+) -> None:
+    """Load `full_state`'s whole state dicts into a sharded model: each rank keeps its shard.
+
+    ``weights`` is keyed as ``model.state_dict()``, or as a peft adapter file (no adapter name),
+    and may lack tied or frozen weights.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    own = list(model.state_dict())
+    if hasattr(model, "peft_config"):
+        # peft saves lora_A.weight for the parameter lora_A.default.weight
+        by_saved = {key.replace(".default.", "."): key for key in own}
+        weights = {by_saved.get(k, k): v for k, v in weights.items()}
+    unknown = sorted(set(weights) - set(own))
+    if unknown:
+        raise MemSearcherError(f"weights do not fit the model (unexpected {unknown[:5]})")
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, optim, options=options)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise MemSearcherError(f"{path}: cannot read checkpoint state ({error})") from None
+
+
+def _load_tensors(path: Path, device: torch.device) -> Any:
+    """Tensors in nested dicts and lists, and nothing else: ``weights_only`` refuses every
+    other pickled type, so a crafted file cannot run code."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise MemSearcherError(
+            f"{path}: not loaded: it holds pickled objects other than tensors, and unpickling "
+            "them could run code"
+        ) from None
+    except (OSError, RuntimeError) as error:
+        raise MemSearcherError(f"{path}: not loaded ({error})") from None
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -146,20 +225,36 @@ def _load_weights(model: Any, folder: Path) -> None:
         model.tie_weights()
 
 
+def _bytes(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
 def _rng_state() -> dict[str, Any]:
+    """Python's, NumPy's, torch's and CUDA's generators as plain JSON data."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)],
+        "torch": _bytes(torch.get_rng_state()),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+        torch.set_rng_state(_tensor(state["torch"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([_tensor(s) for s in state["cuda"]])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise MemSearcherError(f"the checkpoint's RNG state is malformed ({error})") from None

@@ -31,6 +31,12 @@ __all__ = [
 
 C = TypeVar("C")
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Below this lr, AdamW's steps (about lr per update) are smaller than half the bfloat16 spacing
+# (|w| / 512) of every weight larger than lr * 512 (0.05 at 1e-4): such weights never move.
+LOW_PRECISION_MIN_LR = 1e-4
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,8 +44,9 @@ class ModelConfig:
 
     path: str = "embedded"
     """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct."""
-    dtype: str = "auto"
-    """Parameter dtype: auto (bfloat16 on GPU, float32 on CPU), float32 or bfloat16."""
+    dtype: str = "float32"
+    """Parameter dtype (the optimizer's master weights): float32, or bfloat16 / float16 for
+    frozen weights under LoRA; bfloat16 trainable weights need lr >= 1e-4 (docs/training.md)."""
     device: str = "auto"
     """auto, cpu or cuda; under distributed launch each rank takes cuda:LOCAL_RANK."""
     lora_rank: int = 0
@@ -50,17 +57,20 @@ class ModelConfig:
     """Module names that get LoRA adapters."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    autocast: str | None = None
-    """Compute dtype of forward passes (bfloat16) over float32 weights; None: the weights'."""
+    autocast: str | None = "auto"
+    """Compute dtype of forward passes over the weights: auto (bfloat16 on a GPU that has it,
+    none on a CPU), bfloat16, float16, or null for the weights' own dtype."""
     rollout_batch_size: int = 32
     """Prompts per batched generate call of the in-process backend."""
     distributed: str = "ddp"
     """How several ranks hold the model: ddp (a full replica each) or fsdp (sharded, GPUs)."""
 
     def __post_init__(self) -> None:
-        if self.autocast not in (None, "bfloat16", "float16"):
+        if self.dtype not in DTYPES:
+            raise MemSearcherError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.autocast not in (None, "auto", "bfloat16", "float16"):
             raise MemSearcherError(
-                f"model.autocast must be null, bfloat16 or float16, got {self.autocast!r}"
+                f"model.autocast must be auto, null, bfloat16 or float16, got {self.autocast!r}"
             )
 
 
@@ -113,7 +123,8 @@ class GRPOConfig:
     temperature: float = 1.0
     """Sampling temperature of rollouts and of the log-probabilities."""
     top_p: float = 1.0
-    """Nucleus mass of rollouts."""
+    """Nucleus mass of rollouts; must be 1: the learner's log-probs are of the untruncated
+    softmax(logits / temperature), the distribution rollouts are drawn from."""
     clip_low: float = 0.2
     """PPO ratio clip below 1."""
     clip_high: float = 0.2
@@ -153,6 +164,13 @@ class GRPOConfig:
             )
         if self.temperature <= 0:
             raise MemSearcherError(f"temperature must be > 0 for GRPO, got {self.temperature}")
+        if self.top_p != 1.0:
+            raise MemSearcherError(
+                f"top_p={self.top_p}: GRPO samples from softmax(logits / temperature) because "
+                "that is the distribution its log-probs and ratios model; nucleus truncation "
+                "would make every rollout off-policy by an amount the ratio cannot see"
+            )
+        _check_precision(self.model, self.optim)
 
     @property
     def updates_per_step(self) -> int:
@@ -194,6 +212,21 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
         _positive(self, "save_every")
+        _check_precision(self.model, self.optim)
+
+
+def _check_precision(model: ModelConfig, optim: OptimConfig) -> None:
+    """Refuse trainable half-precision weights at a learning rate their spacing rounds away."""
+    if model.dtype == "float32" or model.lora_rank > 0:  # LoRA adapters are kept in float32
+        return
+    if optim.lr < LOW_PRECISION_MIN_LR:
+        raise MemSearcherError(
+            f"model.dtype={model.dtype} with optim.lr={optim.lr:g}: AdamW steps this small "
+            f"round away in {model.dtype} (a weight w moves only if the step exceeds about "
+            "|w|/512), so full fine-tuning would not train. Keep model.dtype=float32 (the "
+            "default; forward passes still run in bfloat16 under model.autocast) or train LoRA "
+            "adapters (model.lora_rank > 0)"
+        )
 
 
 def _positive(config: Any, *names: str) -> None:

@@ -6,12 +6,17 @@ Shapes: B turn sequences in the mini-batch, T response tokens (padded), V vocabu
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AGGREGATIONS", "policy_loss", "token_logprobs"]
+__all__ = ["AGGREGATIONS", "KL_MAX", "Aggregation", "policy_loss", "token_logprobs"]
 
-Aggregation = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# veRL's low_var_kl bounds: the log-ratio is clamped to +-20 before exp() and the k3 value to
+# +-10 (verl/trainer/ppo/core_algos.py, kl_penalty), so one token whose reference probability is
+# vanishingly small cannot dominate the loss or overflow.
+LOG_RATIO_MAX = 20.0
+KL_MAX = 10.0
 
 
 def token_mean(
@@ -55,10 +60,34 @@ def trajectory_mean(
     return (per_trajectory * present).sum() / present.sum().clamp(min=1.0)
 
 
+def _tokens(mask: torch.Tensor, trajectory_ids: torch.Tensor) -> float:
+    return float(mask.sum())
+
+
+def _sequences(mask: torch.Tensor, trajectory_ids: torch.Tensor) -> float:
+    return float((mask.sum(dim=1) > 0).sum())
+
+
+def _trajectories(mask: torch.Tensor, trajectory_ids: torch.Tensor) -> float:
+    return float(trajectory_ids[mask.sum(dim=1) > 0].unique().numel())
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How token losses become one scalar, and the unit it averages over."""
+
+    reduce: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    """(loss_tok (B, T), mask (B, T), trajectory_ids (B,) or None) -> the scalar loss."""
+    units: Callable[[torch.Tensor, torch.Tensor], float]
+    """(mask (B, T), trajectory_ids (B,)) -> how many units a batch holds, so that summing
+    ``reduce`` over micro-batches weighted by ``units / total units`` gives ``reduce`` of their
+    union (gradient accumulation, and ranks)."""
+
+
 AGGREGATIONS: dict[str, Aggregation] = {
-    "token-mean": token_mean,
-    "sequence-mean": sequence_mean,
-    "trajectory-mean": trajectory_mean,
+    "token-mean": Aggregation(token_mean, _tokens),
+    "sequence-mean": Aggregation(sequence_mean, _sequences),
+    "trajectory-mean": Aggregation(trajectory_mean, _trajectories),
 }
 
 
@@ -133,14 +162,16 @@ def policy_loss(
 
     kl_tok = None
     if ref_logprobs is not None:
-        # k3 estimator of KL(pi_theta || pi_ref), Schulman, "Approximating KL divergence" (2020).
+        # k3 estimator of KL(pi_theta || pi_ref), Schulman, "Approximating KL divergence" (2020),
+        # bounded as veRL's low_var_kl.
         ref_minus = torch.where(valid, ref_logprobs.detach() - logprobs, zero)  # (B, T)
-        kl_tok = torch.exp(ref_minus) - ref_minus - 1.0  # (B, T)
+        ref_minus = ref_minus.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)  # (B, T)
+        kl_tok = (torch.exp(ref_minus) - ref_minus - 1.0).clamp(-KL_MAX, KL_MAX)  # (B, T)
         if beta > 0:
             loss_tok = loss_tok + beta * kl_tok
 
     loss_tok = torch.where(valid, loss_tok, zero)  # (B, T)
-    aggregate = AGGREGATIONS[aggregation]
+    aggregate = AGGREGATIONS[aggregation].reduce
     loss = aggregate(loss_tok, mask, trajectory_ids)
 
     with torch.no_grad():

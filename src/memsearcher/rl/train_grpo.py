@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,13 @@ from memsearcher.agent import load_templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
-from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.base import SamplingParams, derive_seed
 from memsearcher.llm.hf import HFModel
 from memsearcher.retrieval import open_retriever
-from memsearcher.rl.advantages import group_advantages
+from memsearcher.rl.advantages import broadcast_to_turns, degenerate_groups, group_advantages
 from memsearcher.rl.batching import (
     MicroBatch,
+    blank_batch,
     collate,
     padding_share,
     plan_micro_batches,
@@ -39,35 +40,28 @@ from memsearcher.rl.batching import (
 )
 from memsearcher.rl.checkpoint import resume_step, save_checkpoint
 from memsearcher.rl.config import GRPOConfig, config_to_dict
-from memsearcher.rl.loss import AGGREGATIONS, policy_loss
-from memsearcher.rl.rewards import get_reward
-from memsearcher.rl.runtime import (
-    MetricsLog,
-    draw,
+from memsearcher.rl.distributed import (
+    Runtime,
+    any_rank,
     even_out,
-    frozen_copy,
     gathered,
     init_runtime,
-    load_policy,
-    make_optimizer,
-    make_scheduler,
     no_sync,
     reduce_mean,
-    rollout_precision,
-    seed_everything,
+    sum_over_ranks,
     wrap_for_training,
 )
-from memsearcher.types import Trajectory
+from memsearcher.rl.loss import AGGREGATIONS, policy_loss
+from memsearcher.rl.metrics_log import MetricsLog
+from memsearcher.rl.optim import make_optimizer, make_scheduler
+from memsearcher.rl.policy import autocast, frozen_copy, load_policy, resolve_precision
+from memsearcher.rl.rewards import get_reward
+from memsearcher.rl.seeding import draw, seed_everything
+from memsearcher.types import TokenSequence, Trajectory
 
-__all__ = ["UNIT_COUNTS", "accumulate_gradients", "train_grpo"]
+__all__ = ["accumulate_gradients", "learner_sequences", "train_grpo"]
 
-# What one micro-batch's share of its mini-batch is counted in, per aggregation, so that
-# gradient accumulation gives exactly the loss of the whole mini-batch in one pass.
-UNIT_COUNTS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
-    "token-mean": lambda mask, traj: float(mask.sum()),
-    "sequence-mean": lambda mask, traj: float((mask.sum(dim=1) > 0).sum()),
-    "trajectory-mean": lambda mask, traj: float(traj[mask.sum(dim=1) > 0].unique().numel()),
-}
+LOSS_METRICS = ("train/loss", "train/pg_loss", "train/clip_fraction", "train/ratio_mean")
 
 
 def train_grpo(
@@ -94,11 +88,12 @@ def train_grpo(
     reward_fn = get_reward(config.reward)
     templates = load_templates(config.templates)
     retriever = open_retriever(config.retriever)
-    model, hf_tokenizer = load_policy(config.model, runtime)
+    precision = resolve_precision(config.model, runtime.device.type)
+    model, hf_tokenizer = load_policy(config.model, runtime, precision)
     # Full fine-tuning keeps a frozen copy of the start as the KL reference; LoRA gets it for
     # free by switching its adapters off.
     lora = hasattr(model, "disable_adapter")
-    reference = frozen_copy(model) if config.beta > 0 and not lora else None
+    reference = frozen_copy(model, precision) if config.beta > 0 and not lora else None
     llm = HFModel(model, hf_tokenizer, batch_size=config.model.rollout_batch_size)
     pad_id = llm.tokenizer.pad_token_id
     learner = wrap_for_training(model, runtime, config.model.distributed)
@@ -110,13 +105,12 @@ def train_grpo(
     log.config(config_to_dict(config))
     group = config.group_size
     per_rank = config.questions_per_step // runtime.world_size
-    minis_per_epoch = config.questions_per_step // config.mini_batch_questions
     bar = tqdm(total=total_steps, initial=start, disable=not runtime.is_main, desc="grpo")
 
     for step in range(start + 1, total_steps + 1):
         step_start = time.perf_counter()
         # 1. Rollouts: this rank's shard of the step's questions, a whole group per rank, the
-        # G trajectories of a question adjacent.
+        # G trajectories of a question adjacent; a seed stream of its own per (step, rank).
         step_ids = draw(
             len(questions),
             (step - 1) * config.questions_per_step,
@@ -134,41 +128,31 @@ def train_grpo(
             llm.max_context_tokens,
         )
         sampling = SamplingParams(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            seed=(config.seed * 1_000_003 + step) * 1009 + runtime.rank,
+            temperature=config.temperature, seed=derive_seed(config.seed, step, runtime.rank)
         )
-        with gathered(model), rollout_precision(config.model.autocast, runtime):
+        with gathered(model), autocast(precision.compute, runtime.device):
             trajectories = run_lockstep(episodes, llm, retriever, sampling)
         rollout_time = time.perf_counter() - step_start
 
         # 2. Rewards, then group-relative advantages.
         rewards = torch.tensor([reward_fn(t) for t in trajectories], dtype=torch.float32)
         advantages, metrics = group_advantages(rewards, group, config.normalize_std)
-        degenerate = (rewards.view(-1, group) == rewards.view(-1, group)[:, :1]).all(dim=1)
         metrics.update(rollout_metrics(trajectories, rewards))
 
         # 3. Learner sequences: every turn of trajectory j carries A_j.
-        sequences, seq_adv, seq_traj = [], [], []
-        for j, trajectory in enumerate(trajectories):
-            if config.filter_degenerate and degenerate[j // group]:
-                continue
-            for sequence in trajectory.sequences:
-                sequences.append(sequence)
-                seq_adv.append(float(advantages[j]))
-                seq_traj.append(j)
-        if not sequences:  # every group filtered: keep one with zero weight for DDP's sake
-            sequences, seq_adv, seq_traj = [trajectories[0].sequences[0]], [0.0], [0]
-        adv_all = torch.tensor(seq_adv)  # (S,)
-        traj_all = torch.tensor(seq_traj)  # (S,)
+        keep = list(range(len(trajectories)))
+        if config.filter_degenerate:
+            degenerate = degenerate_groups(rewards, group)
+            keep = [j for j in keep if not degenerate[j // group]]
+        sequences, adv_all, traj_all = learner_sequences(trajectories, advantages, keep)
         lengths = [len(s.input_ids) for s in sequences]
 
         # 4. Old log-probs from the current weights (as veRL), and reference log-probs.
-        precision = config.model.autocast
         with gathered(model):
             old = response_logprobs(
-                model, sequences, config.micro_batch_tokens, pad_id, config.temperature, precision
-            )
+                model, sequences, config.micro_batch_tokens, pad_id, config.temperature,
+                precision.compute,
+            )  # fmt: skip
         ref: list[torch.Tensor] | None = None
         if config.beta > 0:
             with gathered(model), model.disable_adapter() if lora else nullcontext():
@@ -178,46 +162,44 @@ def train_grpo(
                     config.micro_batch_tokens,
                     pad_id,
                     config.temperature,
-                    precision,
+                    precision.compute,
                 )
 
         # 5. PPO epochs over mini-batches of questions; accumulate, then one optimizer step.
+        # A mini-batch with no learning signal on any rank is skipped by all of them: a
+        # zero-gradient step would still move the weights along Adam's moments.
         learner_start = time.perf_counter()
         model.train()
         sums: dict[str, float] = {}
         batches = []
-        updates = 0
-        for epoch in range(config.ppo_epochs):
-            order = list(range(per_rank))
-            random.Random(f"{config.seed}/{step}/{epoch}").shuffle(order)
-            for mini in range(minis_per_epoch):
-                chosen = set(order[mini::minis_per_epoch])
-                members = [s for s in range(len(sequences)) if seq_traj[s] // group in chosen]
-                units = _units(members, seq_traj, config.aggregation)
-                plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
-                # a rank that drew only filtered groups still joins DDP's all-reduce, at weight 0
-                micro = [collate(sequences, plan, pad_id) for plan in plans or [[0]]]
-                micro = even_out(micro, learner, runtime)
-                parts = accumulate_gradients(
-                    learner, micro, old, ref, adv_all, traj_all, config, 1.0 if plans else 0.0
-                )
-                for key, value in parts.items():
-                    sums[key] = sums.get(key, 0.0) + value
-                batches += micro
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in model.parameters() if p.requires_grad],
-                    config.optim.max_grad_norm or float("inf"),
-                )
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                sums["train/grad_norm"] = sums.get("train/grad_norm", 0.0) + grad_norm.item()
-                updates += 1
+        updates = skipped = 0
+        for members in mini_batches(traj_all, per_rank, group, config, step):
+            if not any_rank(has_signal(members, adv_all, config.beta), runtime):
+                skipped += 1
+                continue
+            micro = learner_batches(sequences, members, lengths, traj_all, pad_id, config)
+            micro = even_out(micro, learner, runtime)
+            parts = accumulate_gradients(
+                learner, micro, old, ref, adv_all, traj_all, config, runtime, precision.compute
+            )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad],
+                config.optim.max_grad_norm or float("inf"),
+            )
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            parts["train/grad_norm"] = grad_norm.item()
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + value
+            batches += micro
+            updates += 1
         model.eval()
 
         # 6. Log, samples, checkpoint.
         learner_time = time.perf_counter() - learner_start
         metrics.update({key: total / updates for key, total in sums.items()})
+        metrics["train/skipped_updates"] = float(skipped)
         metrics["train/lr"] = float(scheduler.get_last_lr()[0])
         metrics["train/padding_share"] = padding_share(batches)
         metrics["train/tokens_per_s"] = sum(b.padded_tokens for b in batches) / learner_time
@@ -238,6 +220,63 @@ def train_grpo(
     return model
 
 
+def learner_sequences(
+    trajectories: list[Trajectory], advantages: torch.Tensor, keep: Iterable[int]
+) -> tuple[list[TokenSequence], torch.Tensor, torch.Tensor]:
+    """The turn sequences of the kept trajectories, each trajectory's advantage broadcast to
+    its turns (`broadcast_to_turns`), and which trajectory each sequence came from: (S,), (S,).
+    """
+    kept = [j for j in keep if trajectories[j].sequences]  # none if it ended before acting
+    turns = [len(trajectories[j].sequences) for j in kept]
+    sequences = [s for j in kept for s in trajectories[j].sequences]
+    if not kept:
+        return sequences, torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    index = torch.tensor(kept, dtype=torch.long)  # (K,)
+    return (
+        sequences,
+        broadcast_to_turns(advantages[index], turns),  # (S,)
+        broadcast_to_turns(index, turns),  # (S,)
+    )
+
+
+def mini_batches(
+    trajectory_ids: torch.Tensor, per_rank: int, group: int, config: GRPOConfig, step: int
+) -> Iterator[list[int]]:
+    """Sequence indices of each mini-batch of every PPO epoch: this rank's questions shuffled
+    per epoch and dealt into ``updates_per_step / ppo_epochs`` mini-batches, each question with
+    all the turns of all its trajectories."""
+    minis = config.questions_per_step // config.mini_batch_questions
+    question_of = (trajectory_ids // group).tolist()  # (S,)
+    for epoch in range(config.ppo_epochs):
+        order = list(range(per_rank))
+        random.Random(f"{config.seed}/{step}/{epoch}").shuffle(order)
+        for mini in range(minis):
+            chosen = set(order[mini::minis])
+            yield [s for s, question in enumerate(question_of) if question in chosen]
+
+
+def has_signal(members: list[int], advantages: torch.Tensor, beta: float) -> bool:
+    """Whether these sequences give a gradient: a non-zero advantage, or the KL term."""
+    return bool(members) and (beta > 0 or bool((advantages[members] != 0).any()))
+
+
+def learner_batches(
+    sequences: list[TokenSequence],
+    members: list[int],
+    lengths: list[int],
+    trajectory_ids: torch.Tensor,
+    pad_id: int,
+    config: GRPOConfig,
+) -> list[MicroBatch]:
+    """A mini-batch's sequences cut into micro-batches; a rank with none of the mini-batch
+    gets one `blank_batch`, so that it still joins the ranks' gradient all-reduce."""
+    if not members:
+        return [blank_batch(pad_id)]
+    units = _units(members, trajectory_ids.tolist(), config.aggregation)
+    plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
+    return [collate(sequences, plan, pad_id) for plan in plans]
+
+
 def accumulate_gradients(
     learner: Any,
     batches: list[MicroBatch],
@@ -246,23 +285,36 @@ def accumulate_gradients(
     advantages: torch.Tensor,
     trajectory_ids: torch.Tensor,
     config: GRPOConfig,
-    scale: float = 1.0,
+    runtime: Runtime,
+    compute: str | None = None,
 ) -> dict[str, float]:
     """Backward passes over the micro-batches of one mini-batch, each weighted by its share of
-    the mini-batch's units (`UNIT_COUNTS`), so the accumulated gradient is that of the policy
-    loss over the whole mini-batch; returns the loss metrics weighted the same way.
+    the units (`loss.Aggregation.units`) of the whole mini-batch *over all ranks*, so that the
+    gradient, once DDP/FSDP averages the ranks, is that of the policy loss over the whole
+    mini-batch; returns the loss metrics weighted the same way (their mean over ranks is the
+    mini-batch's). Every rank must call this.
 
     ``old``/``ref``: per sequence, response log-probs; ``advantages``/``trajectory_ids``: (S,).
     """
-    count = UNIT_COUNTS[config.aggregation]
-    total = sum(count(b.loss_mask, trajectory_ids[list(b.indices)]) for b in batches)
-    sums: dict[str, float] = {}
+    units = AGGREGATIONS[config.aggregation].units
+
+    def count(batch: MicroBatch) -> float:
+        if not batch.loss_mask.any():  # a blank pass (`blank_batch`, `even_out`)
+            return 0.0
+        return units(batch.loss_mask, trajectory_ids[list(batch.indices)])
+
+    total = sum_over_ranks(sum(count(b) for b in batches), runtime)
+    # the same keys on every rank, blank or not, for `reduce_mean`
+    keys = [*LOSS_METRICS, *(["train/kl"] if ref is not None else [])]
+    sums = dict.fromkeys(keys, 0.0)
     for k, batch in enumerate(batches):
         index = list(batch.indices)
+        weight = count(batch) * runtime.world_size / max(total, 1.0)
         with no_sync(learner, sync=k == len(batches) - 1):
-            logprobs = sequence_logprobs(  # (B, R)
-                learner, batch, config.temperature, config.model.autocast
-            )
+            logprobs = sequence_logprobs(learner, batch, config.temperature, compute)  # (B, R)
+            if weight == 0:  # a pass that only keeps the ranks' collectives in step
+                (logprobs.sum() * 0.0).backward()
+                continue
             device = logprobs.device
             loss, parts = policy_loss(
                 logprobs,
@@ -276,10 +328,9 @@ def accumulate_gradients(
                 aggregation=config.aggregation,
                 trajectory_ids=trajectory_ids[index].to(device),
             )
-            share = count(batch.loss_mask, trajectory_ids[index]) / max(total, 1.0)
-            (loss * share * scale).backward()
+            (loss * weight).backward()
         for key, part in {"train/loss": loss.detach(), **parts}.items():
-            sums[key] = sums.get(key, 0.0) + float(part) * share
+            sums[key] += float(part) * weight
     return sums
 
 

@@ -22,19 +22,17 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
 from memsearcher.rl.checkpoint import resume_step, save_checkpoint
 from memsearcher.rl.config import SFTConfig, config_to_dict
-from memsearcher.rl.runtime import (
-    MetricsLog,
-    draw,
+from memsearcher.rl.distributed import (
     even_out,
     init_runtime,
-    load_policy,
-    make_optimizer,
-    make_scheduler,
     no_sync,
     reduce_mean,
-    seed_everything,
     wrap_for_training,
 )
+from memsearcher.rl.metrics_log import MetricsLog
+from memsearcher.rl.optim import make_optimizer, make_scheduler
+from memsearcher.rl.policy import load_policy, resolve_precision
+from memsearcher.rl.seeding import draw, seed_everything
 from memsearcher.types import TokenSequence, Trajectory
 
 __all__ = ["read_trajectories", "train_sft"]
@@ -79,7 +77,8 @@ def train_sft(
     ]
     if not sequences:
         raise MemSearcherError(f"{config.data}: no trainable sequences")
-    model, hf_tokenizer = load_policy(config.model, runtime)
+    precision = resolve_precision(config.model, runtime.device.type)
+    model, hf_tokenizer = load_policy(config.model, runtime, precision)
     pad_id = hf_tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else hf_tokenizer.eos_token_id
     learner = wrap_for_training(model, runtime, config.model.distributed)
@@ -115,7 +114,7 @@ def train_sft(
         nll = 0.0
         for k, batch in enumerate(batches):
             with no_sync(learner, sync=k == len(batches) - 1):
-                logprobs = sequence_logprobs(learner, batch, 1.0, config.model.autocast)
+                logprobs = sequence_logprobs(learner, batch, 1.0, precision.compute)
                 mask = batch.loss_mask.to(logprobs.device)  # (B, R)
                 loss = -(logprobs * mask).sum() / max(tokens, 1.0)
                 loss.backward()

@@ -1,0 +1,51 @@
+"""AdamW and its learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from memsearcher.errors import MemSearcherError
+from memsearcher.rl.config import OptimConfig
+
+__all__ = ["SCHEDULES", "make_optimizer", "make_scheduler"]
+
+
+def make_optimizer(model: Any, config: OptimConfig) -> torch.optim.Optimizer:
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+SCHEDULES: dict[str, Callable[[float], float]] = {"constant": _constant, "cosine": _cosine}
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, config: OptimConfig, total_updates: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup_steps`` updates, then a `SCHEDULES` shape."""
+    if config.schedule not in SCHEDULES:
+        raise MemSearcherError(
+            f"unknown schedule {config.schedule!r}; choose one of {sorted(SCHEDULES)}"
+        )
+    shape = SCHEDULES[config.schedule]
+    warmup = config.warmup_steps
+
+    def factor(update: int) -> float:
+        if update < warmup:
+            return (update + 1) / warmup
+        return shape((update - warmup) / max(1, total_updates - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
