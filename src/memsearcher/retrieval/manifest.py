@@ -221,9 +221,9 @@ def building(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
     """
     out = Path(os.path.abspath(out))  # "." and ".." have no name to build a sibling from
     if out.exists() or out.is_symlink():
-        if not overwrite:
+        if not overwrite and out.is_dir() and not out.is_symlink():
             raise IndexFolderError(f"{out} already exists (pass overwrite to replace it)")
-        check_overwritable(out)
+        check_overwritable(out)  # a file or a link is refused whatever overwrite says
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=STAGING, dir=out.parent))
