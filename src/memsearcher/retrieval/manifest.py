@@ -156,6 +156,13 @@ def check_overwritable(out: Path) -> None:
     check_replaceable(out, lambda name: name == MANIFEST or name in listed, "an index build")
 
 
+def looks_built(folder: Path) -> bool:
+    """True if every entry of ``folder`` has a name index builds write (whatever the manifest
+    says): how memsearcher recognises a damaged index in its own cache, and only there."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    return bool(names) and names <= LEGACY_FILES | {MANIFEST}
+
+
 def _siblings(out: Path, suffix: str) -> list[Path]:
     prefix = f".{out.name}."
     return [
