@@ -17,6 +17,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -339,3 +340,63 @@ def test_eval_saves_a_question_with_a_lone_surrogate(world: dict[str, Path]) -> 
     assert [r["id"] for r in records] == ["a", "b", "c"]
     assert records[1]["question"] == "Who \ufffd painted it?"
     assert all(r["end_reason"] != "error" for r in records)
+
+
+class GatedFailing:
+    """The embedded index, holding its first search until ``open`` is set (so that later
+    questions queue into one batch) and failing on "BOOM": faults injected by hand, since a real
+    index has neither."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+
+    def search(self, queries: Any, top_n: int) -> Any:
+        assert self.open.wait(30)
+        if any("BOOM" in q for q in queries):
+            raise RuntimeError("index on fire")
+        return self.inner.search(queries, top_n)
+
+
+def test_a_question_that_fails_in_a_batch_fails_alone(retriever: Any) -> None:
+    """In process (fastapi's TestClient): the agent server's batch of questions, one of which
+    makes the index fail; before, every question of that batch got the 500."""
+    from fastapi.testclient import TestClient
+
+    from memsearcher.agent import AgentConfig
+    from memsearcher.agent.replay import search_then_answer
+    from memsearcher.api.app import AgentService, ServeConfig, create_app
+    from memsearcher.llm import load_tokenizer
+    from memsearcher.llm.base import SamplingParams
+    from memsearcher.llm.embedded import embedded_model_path
+    from memsearcher.llm.scripted import ScriptedLLM
+
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    llm = ScriptedLLM(tokenizer, search_then_answer(searches=1, answer="Paris"))
+    gated = GatedFailing(retriever)
+    service = AgentService(llm, gated, "memsearcher", AgentConfig(max_turns=2), SamplingParams(),
+                           ServeConfig())  # fmt: skip
+    answers: dict[str, int] = {}
+    with TestClient(create_app(service), raise_server_exceptions=False) as client:
+
+        def ask(question: str) -> None:
+            response = client.post("/v1/answer", json={"question": question})
+            answers[question] = response.status_code
+            assert response.headers["content-type"] == "application/json"
+
+        threads = [threading.Thread(target=ask, args=(q,)) for q in ("warm?", "a?", "BOOM?", "b?")]
+        threads[0].start()
+        for _ in range(100):  # the first question holds the worker, in the index
+            if service.pending == 1 and service.queue.empty():
+                break
+            time.sleep(0.05)
+        for thread in threads[1:]:
+            thread.start()
+        for _ in range(100):  # the others wait in the queue, to be answered as one batch
+            if service.queue.qsize() == 3:
+                break
+            time.sleep(0.05)
+        gated.open.set()
+        for thread in threads:
+            thread.join(30)
+    assert answers == {"warm?": 200, "a?": 200, "BOOM?": 500, "b?": 200}
