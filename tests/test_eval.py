@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memsearcher.agent.replay import search_then_answer
 from memsearcher.cli import main
 from memsearcher.data.flashrag import load_benchmarks, read_examples, resolve_dataset
 from memsearcher.errors import MemSearcherError
@@ -30,7 +32,9 @@ from memsearcher.eval.run import (
     run_eval,
     summarize,
 )
+from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
+from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample
 
@@ -276,3 +280,104 @@ def test_eval_in_process_and_report(
 def test_eval_needs_data_and_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "--out", "x"]) == 2
     assert "--data" in capsys.readouterr().err
+
+
+# -- bad records, concurrent runs --------------------------------------------------------------
+
+
+def test_an_empty_eval_file_is_refused(tmp_path: Path) -> None:
+    empty = write_jsonl(tmp_path / "nq" / "test.jsonl", [])
+    with pytest.raises(MemSearcherError, match="holds no questions"):
+        read_examples(empty)
+    assert main(["eval", "--data", str(empty), "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_question_with_a_lone_surrogate_is_read_as_text(tmp_path: Path) -> None:
+    path = tmp_path / "q.jsonl"
+    # valid JSON; once decoded, not text that UTF-8 (or a tokenizer) can take
+    path.write_text('{"id": "s", "question": "Who \\ud800 wrote Hamlet?", '
+                    '"golden_answers": ["W\\udfffS"]}\n')  # fmt: skip
+    (example,) = read_examples(path)
+    assert example.question == "Who \ufffd wrote Hamlet?"
+    assert example.golden_answers == ("W\ufffdS",)
+
+
+def test_the_summary_counts_each_id_once(tmp_path: Path) -> None:
+    """Two runs that wrote one file at once left some ids twice: the last line of each counts."""
+    record = {"dataset": "nq", "question": "q", "golden_answers": ["a"], "prediction": "a",
+              "end_reason": "answer", "turns": 1, "searches": 0, "prompt_tokens": [10],
+              "trajectory": None}  # fmt: skip
+    lines = [{**record, "id": f"q{i}", "em": 1.0, "f1": 1.0, "acc": 1.0} for i in range(4)]
+    lines += [{**record, "id": "q0", "em": 0.0, "f1": 0.0, "acc": 0.0}]
+    write_jsonl(tmp_path / "run" / "nq" / "predictions.jsonl", lines)
+    examples = [QAExample(f"q{i}", "q", ("a",)) for i in range(4)]
+    summary = run_eval({"nq": examples}, None, None, EvalConfig(), tmp_path / "run",  # type: ignore[arg-type]
+                       progress=False)  # fmt: skip
+    assert summary["datasets"]["nq"]["questions"] == 4
+    assert summary["datasets"]["nq"]["em"] == 0.75
+
+
+def test_a_run_in_progress_locks_its_folder(tmp_path: Path) -> None:
+    from memsearcher.folders import exclusive
+
+    out = tmp_path / "run"
+    out.mkdir()
+    examples = [QAExample("q0", "q", ("a",))]
+    with exclusive(out / ".lock", "held"), pytest.raises(MemSearcherError, match="another eval"):
+        run_eval({"nq": examples}, None, None, EvalConfig(), out, progress=False)  # type: ignore[arg-type]
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MemSearcherError, match="is a file"):
+        run_eval({"nq": examples}, None, None, EvalConfig(), tmp_path / "file")  # type: ignore[arg-type]
+
+
+class FailsOn:
+    """A real index that raises on queries holding ``word``: the fault a bad record causes
+    (a fault injected by hand, since no real retriever here fails on a given query)."""
+
+    def __init__(self, inner: Retriever, word: str) -> None:
+        self.inner, self.word = inner, word
+
+    def search(self, queries: Any, top_n: int) -> list[list[Any]]:
+        if any(self.word in q for q in queries):
+            raise RuntimeError(f"cannot search {self.word}")
+        return self.inner.search(queries, top_n)
+
+
+class AsyncScripted(ScriptedLLM):
+    async def agenerate(self, prompt_ids: Any, params: SamplingParams) -> Any:
+        return self.generate([prompt_ids], params)[0]
+
+
+@pytest.mark.parametrize("driver", ["lockstep", "async"])
+def test_a_failing_question_is_recorded_and_the_run_goes_on(
+    tmp_path: Path, llm: HFModel, retriever: Retriever, driver: str
+) -> None:
+    scripted = AsyncScripted(llm.tokenizer, search_then_answer(searches=1, answer="Paris"))
+    examples = [QAExample(f"q{i}", f"Question {i} BOOM" if i == 2 else f"Question {i}", ("Paris",))
+                for i in range(6)]  # fmt: skip
+    config = EvalConfig(max_turns=3, batch_size=4, driver=driver)
+    out = tmp_path / "run"
+    summary = run_eval({"nq": examples}, scripted, FailsOn(retriever, "BOOM"), config, out,
+                       progress=False)  # fmt: skip
+    records = {r["id"]: r for r in read_predictions(out / "nq" / "predictions.jsonl")}
+    assert sorted(records) == [e.id for e in examples]
+    assert records["q2"]["end_reason"] == "error" and "cannot search BOOM" in records["q2"]["error"]
+    assert all(r["prediction"] == "Paris" for k, r in records.items() if k != "q2")
+    assert summary["datasets"]["nq"]["end_reasons"] == {"answer": 5, "error": 1}
+    # a rerun tries the failed question again, and only it
+    summary = run_eval({"nq": examples}, scripted, retriever, config, out, progress=False)
+    assert summary["datasets"]["nq"]["end_reasons"] == {"answer": 6}
+    assert len(read_predictions(out / "nq" / "predictions.jsonl")) == 7
+
+
+def test_many_failures_in_a_row_stop_the_run(
+    tmp_path: Path, llm: HFModel, retriever: Retriever
+) -> None:
+    scripted = ScriptedLLM(llm.tokenizer, search_then_answer(searches=1, answer="Paris"))
+    examples = [QAExample(f"q{i}", f"BOOM {i}", ("Paris",)) for i in range(30)]
+    with pytest.raises(MemSearcherError, match="the last 10 questions all failed"):
+        run_eval({"nq": examples}, scripted, FailsOn(retriever, "BOOM"),
+                 EvalConfig(batch_size=4), tmp_path / "run", progress=False)  # fmt: skip
+    assert len(read_predictions(tmp_path / "run" / "nq" / "predictions.jsonl")) == 10

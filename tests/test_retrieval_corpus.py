@@ -107,3 +107,36 @@ def test_offsets_and_store(tmp_path: Path) -> None:
     assert hits[0].contents == '"T4"\ntext 4 caf\u00e9'
     store.close()
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left no temp file
+
+
+def test_lone_surrogates_become_replacement_characters() -> None:
+    # valid JSON whose decoded text UTF-8 cannot encode; a joined pair stays what it means
+    row = '{"id": "a\\ud800", "title": "T\\udfff", "text": "x \\ud83d\\ude00 \\ud83d y"}'
+    passage = parse_row(row)
+    assert passage == Passage("a\ufffd", "T\ufffd", "x \U0001f600 \ufffd y")
+    passage.contents.encode("utf-8")
+
+
+# text with lone surrogates mixed in (st.text() leaves them out: they cannot be encoded)
+SURROGATE_TEXT = st.lists(st.characters() | st.integers(0xD800, 0xDFFF).map(chr), max_size=40).map(
+    "".join
+)
+
+
+@given(SURROGATE_TEXT)
+def test_parsed_text_always_encodes(text: str) -> None:
+    passage = parse_row(json.dumps({"id": text, "title": text, "text": text}))
+    for field in (passage.id, passage.title, passage.text):
+        field.encode("utf-8")
+
+
+def test_a_folder_is_not_a_corpus_and_a_corpus_needs_unique_ids(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="is a folder; pass the JSONL file"):
+        list(read_corpus(tmp_path))
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(f'{{"id": "{i % 3}", "contents": "t"}}\n' for i in range(7)))
+    with pytest.raises(CorpusError, match=r"id '0' is used more than once \(lines 1, 4, 7\); 3 id"):
+        list(read_corpus(path))
+    path.write_text("\n")
+    with pytest.raises(CorpusError, match="holds no passages"):
+        list(read_corpus(path))

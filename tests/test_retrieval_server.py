@@ -150,7 +150,8 @@ def test_retrieve(http: httpx.Client) -> None:
 def test_openapi_lists_exactly_the_endpoints(http: httpx.Client) -> None:
     schema = http.get("/openapi.json").json()
     assert set(schema["paths"]) == {"/search", "/batch_search", "/retrieve", "/health"}
-    assert http.get("/docs").status_code == 200
+    # /docs loads its scripts from a CDN, which an offline user cannot reach: off unless --docs
+    assert http.get("/docs").status_code == 404 and http.get("/redoc").status_code == 404
 
 
 BAD_JSON: list[tuple[str, Any]] = [
@@ -180,6 +181,15 @@ BAD_JSON: list[tuple[str, Any]] = [
     ("/retrieve", {"queries": [None]}),
     ("/retrieve", {"query": ["wrong field name"]}),
     ("/retrieve", {"queries": ["x"], "topk": -5}),
+    # loose types are refused, not coerced
+    ("/search", {"query": "x", "top_n": "5"}),
+    ("/search", {"query": "x", "top_n": True}),
+    ("/search", {"query": "x", "top_n": 5.0}),
+    ("/search", {"query": "x", "return_score": "yes"}),
+    ("/search", {"query": "x", "return_score": 1}),
+    ("/batch_search", {"query": ["x"], "top_n": "2"}),
+    ("/retrieve", {"queries": ["x"], "topk": "3"}),
+    ("/retrieve", {"queries": ["x"], "return_scores": "no"}),
 ]
 
 
@@ -202,6 +212,7 @@ BAD_BODIES: list[tuple[str, bytes, dict[str, str], int]] = [
     ("UTF-16", '{"query": "x"}'.encode("utf-16"), JSON, 400),
     ("text/plain", b'{"query": "x"}', {"content-type": "text/plain"}, 415),
     ("form", b"query=x", {"content-type": "application/x-www-form-urlencoded"}, 415),
+    ("no content type", b'{"query": "x"}', {}, 415),
     ("10 MB", b'{"query": "' + b"a" * 10_000_000 + b'"}', JSON, 413),
 ]
 
@@ -218,6 +229,23 @@ def test_bad_bodies_get_4xx(
     assert response.status_code == status, response.text
     assert "detail" in response.json()
     assert_serving(http)
+
+
+def test_truncated_json_says_where_it_broke(http: httpx.Client) -> None:
+    response = http.post("/search", content=b'{"query": "x", "top_n": ', headers=JSON)
+    (error,) = response.json()["detail"]
+    assert response.status_code == 422
+    assert error["msg"] == "not valid JSON: Expecting value (at character 24)"
+
+
+def test_only_loopback_names_reach_a_loopback_server(http: httpx.Client, server: str) -> None:
+    for host in ("evil.example", "evil.example:8000", "127.0.0.1.nip.io", ""):
+        response = http.get("/health", headers={"host": host})
+        assert response.status_code == 421, host
+        assert "bound to loopback" in response.json()["detail"]
+    port = server.rsplit(":", 1)[1]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+        assert http.get("/health", headers={"host": host}).status_code == 200, host
 
 
 def test_wrong_method_and_path(http: httpx.Client) -> None:
@@ -389,6 +417,7 @@ def test_concurrent_requests_are_batched_and_failures_contained() -> None:
     with TestClient(create_app(retriever), raise_server_exceptions=False) as client:
         failed = client.post("/search", json={"query": "boom"})
         assert failed.status_code == 500  # an index fault, not bad input
+        assert failed.json() == {"detail": "internal error: RuntimeError"}  # JSON, not text
         answers: list[Any] = []
 
         def ask(i: int) -> None:
@@ -401,3 +430,75 @@ def test_concurrent_requests_are_batched_and_failures_contained() -> None:
             thread.join(timeout=30)
     assert sorted(a[0]["contents"] for a in answers) == sorted(f'"T"\nq{i}' for i in range(16))
     assert sum(retriever.calls) == 16 and max(retriever.calls) > 1  # merged into fewer calls
+
+
+class Gated:
+    """A real index whose searches wait until ``open`` is set, so that requests pile up, and
+    that fails on a query holding "boom" (faults injected by hand: a real index has neither)."""
+
+    def __init__(self, inner: BM25Index) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+        self.calls: list[int] = []
+
+    def search(self, queries: Any, top_n: int) -> list[list[Hit]]:
+        assert self.open.wait(30)
+        self.calls.append(len(queries))
+        if any("boom" in q for q in queries):
+            raise RuntimeError("index on fire")
+        return self.inner.search(queries, top_n)
+
+
+def test_pending_queries_are_bounded_with_503(index: BM25Index) -> None:
+    from fastapi.testclient import TestClient
+
+    from memsearcher.retrieval.server import ServerConfig, create_app
+
+    gated = Gated(index)
+    config = ServerConfig(max_queries=8, max_pending_queries=10)
+    statuses: list[int] = []
+    with TestClient(create_app(gated, config), raise_server_exceptions=False) as client:
+
+        def ask(n: int) -> None:
+            response = client.post("/batch_search", json={"query": [QUERY] * n, "top_n": 1})
+            statuses.append(response.status_code)
+
+        first = threading.Thread(target=ask, args=(8,))
+        first.start()
+        batcher = client.app.state.batcher  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while batcher.pending < 8:  # the first request is in, held by the index
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        busy = client.post("/batch_search", json={"query": [QUERY] * 3, "top_n": 1})
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert "busy" in busy.json()["detail"]
+        gated.open.set()
+        first.join(30)
+        assert client.post("/batch_search", json={"query": [QUERY] * 8}).status_code == 200
+    assert statuses == [200]
+
+
+def test_a_failing_request_does_not_fail_the_requests_merged_with_it(index: BM25Index) -> None:
+    from fastapi.testclient import TestClient
+
+    from memsearcher.retrieval.server import create_app
+
+    gated = Gated(index)
+    answers: dict[str, int] = {}
+    with TestClient(create_app(gated), raise_server_exceptions=False) as client:
+
+        def ask(query: str) -> None:
+            answers[query] = client.post("/search", json={"query": query}).status_code
+
+        threads = [threading.Thread(target=ask, args=(q,)) for q in ("warm", "a", "boom", "b")]
+        threads[0].start()
+        time.sleep(0.5)  # the first search holds the worker; the others queue behind it
+        for thread in threads[1:]:
+            thread.start()
+        time.sleep(0.5)
+        gated.open.set()
+        for thread in threads:
+            thread.join(30)
+    assert answers == {"warm": 200, "a": 200, "boom": 500, "b": 200}
+    assert gated.calls[:2] == [1, 3]  # merged, failed, then one by one

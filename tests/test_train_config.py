@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,8 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
 
     assert lrs("constant") == pytest.approx([0.5, 1, 1, 1, 1, 1])
     assert lrs("cosine") == pytest.approx([0.5, 1, 1, 0.8535534, 0.5, 0.1464466])
-    with pytest.raises(MemSearcherError, match="choose one of"):
-        lrs("linear")
+    with pytest.raises(ValueError, match=r"schedule must be one of \['constant', 'cosine'\]"):
+        lrs("linear")  # the config refuses it before any scheduler is made
 
 
 @pytest.mark.parametrize(
@@ -196,3 +197,44 @@ def test_adamw_at_lr_1e6_moves_float32_weights_and_not_bfloat16_ones() -> None:
     assert torch.equal(start, end)
     start, end = train(torch.float32)
     assert torch.all((start - end).abs() > 5e-5)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=-1", "optim.lr must be a finite number > 0, got -1.0"),
+        ("optim.lr=nan", "optim.lr must be a finite number > 0, got nan"),
+        ("optim.lr=.inf", "optim.lr must be a finite number > 0, got inf"),
+        ("optim.lr=0", "optim.lr must be a finite number > 0"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay must be a finite number >= 0"),
+        ("optim.betas=[0.9,1.0]", "optim.betas must be two numbers in [0, 1)"),
+        ("optim.warmup_steps=-1", "optim.warmup_steps must be >= 0"),
+        ("optim.schedule=linear", "optim.schedule must be one of ['constant', 'cosine']"),
+        ("optim.max_grad_norm=nan", "optim.max_grad_norm must be a finite number >= 0"),
+        ("beta=-1", "beta must be a finite number >= 0"),
+        ("beta=nan", "beta must be a finite number >= 0"),
+        ("agent_name=mem0", "agent_name must be one of ['memsearcher', 'react'"),
+        ("reward=accuracy", "reward must be one of ['em', 'f1', 'graded']"),
+        ("aggregation=sum", "aggregation must be one of"),
+        ("clip_low=1", "clip_low must be in [0, 1)"),
+        ("clip_high=-0.2", "clip_high must be a finite number >= 0"),
+        ("temperature=nan", "temperature must be a finite number"),
+        ("steps=-5", "steps must be >= 0"),
+        ("seed=-1", "seed must be >= 0"),
+        ("model.lora_rank=-8", "model.lora_rank must be >= 0"),
+        ("model.distributed=zero3", "model.distributed must be ddp or fsdp"),
+    ],
+)
+def test_values_out_of_range_fail_at_load_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(MemSearcherError, match=re.escape(f"invalid config: {message}")):
+        load_config(GRPOConfig, None, [override])
+
+
+def test_print_config_refuses_a_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from memsearcher.cli import main
+
+    assert main(["train", "grpo", "--print-config", "optim.lr=nan"]) == 2
+    assert "optim.lr must be a finite number > 0, got nan" in capsys.readouterr().err
+    assert main(["train", "sft", "--print-config", "optim.lr=-1e-5"]) == 2
+    assert "optim.lr must be" in capsys.readouterr().err
+    assert main(["train", "grpo", "--print-config", "optim.lr=2e-6"]) == 0

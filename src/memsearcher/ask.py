@@ -44,6 +44,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from memsearcher.errors import MemSearcherError
     from memsearcher.llm import SamplingParams, load_llm
     from memsearcher.retrieval import open_retriever
+    from memsearcher.text import sanitize_text
     from memsearcher.types import QAExample
 
     if not args.question.strip():
@@ -62,7 +63,9 @@ def run_ask(args: argparse.Namespace) -> int:
     templates = load_templates(args.templates)
     retriever = open_retriever(args.retriever)
     llm = load_llm(args.model, device=args.device)
-    example = QAExample(id="ask", question=args.question.strip(), golden_answers=())
+    # argv bytes that are not UTF-8 arrive as lone surrogates (Python's surrogateescape)
+    question = sanitize_text(args.question.strip())
+    example = QAExample(id="ask", question=question, golden_answers=())
     episodes = start_episodes(
         args.agent, [example], llm.tokenizer, config, templates, llm.max_context_tokens
     )

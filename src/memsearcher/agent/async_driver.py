@@ -15,6 +15,8 @@ import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
+from operator import itemgetter
 from typing import Protocol
 
 from memsearcher.agent.base import Episode, Generate, Search
@@ -26,6 +28,7 @@ from memsearcher.worker import QueueWorker
 logger = logging.getLogger(__name__)
 
 DoneCallback = Callable[[int, Trajectory], None]
+ErrorCallback = Callable[[int, Exception], None]
 
 
 class AsyncLLM(Protocol):
@@ -86,19 +89,19 @@ class SearchBatcher(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]]):
             for query, top_n, future in batch:
                 groups.setdefault(top_n, []).append((query, future))
             for top_n, items in groups.items():
-                queries = [query for query, _ in items]
-                try:
-                    results = await loop.run_in_executor(
-                        self.executor, self.retriever.search, queries, top_n
-                    )
-                except Exception as error:  # every waiting episode hears of the failure
-                    for _, future in items:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                for (_, future), hits in zip(items, results, strict=True):
-                    if not future.done():
-                        future.set_result(hits)
+                await self.run_apart(items, partial(self._search, loop, top_n), itemgetter(1))
+
+    async def _search(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        top_n: int,
+        items: list[tuple[str, asyncio.Future[list[Hit]]]],
+    ) -> None:
+        queries = [query for query, _ in items]
+        results = await loop.run_in_executor(self.executor, self.retriever.search, queries, top_n)
+        for (_, future), hits in zip(items, results, strict=True):
+            if not future.done():
+                future.set_result(hits)
 
 
 async def run_async(
@@ -108,14 +111,30 @@ async def run_async(
     sampling: SamplingParams,
     concurrency: int = 64,
     on_done: DoneCallback | None = None,
+    on_error: ErrorCallback | None = None,
 ) -> list[Trajectory]:
     """Run every episode to its end, at most ``concurrency`` at once; trajectories come back in
-    order, and ``on_done(index, trajectory)`` hears of each as soon as it ends."""
+    order, and ``on_done(index, trajectory)`` hears of each as soon as it ends.
+
+    An episode that raises stops the whole run, unless ``on_error(index, error)`` is given: then
+    only that episode is dropped (it is missing from the returned list) and the others go on.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     gate = asyncio.Semaphore(concurrency)
 
     async def run_one(
+        index: int, episode: Episode, searcher: SearchBatcher | _Direct
+    ) -> Trajectory | None:
+        if on_error is None:
+            return await run_episode(index, episode, searcher)
+        try:
+            return await run_episode(index, episode, searcher)
+        except Exception as error:
+            on_error(index, error)
+            return None
+
+    async def run_episode(
         index: int, episode: Episode, searcher: SearchBatcher | _Direct
     ) -> Trajectory:
         async with gate:
@@ -152,7 +171,7 @@ async def run_async(
             asyncio.create_task(run_one(i, episode, searcher)) for i, episode in enumerate(episodes)
         ]
         try:
-            return list(await asyncio.gather(*tasks))
+            return [t for t in await asyncio.gather(*tasks) if t is not None]
         finally:
             for task in tasks:
                 task.cancel()

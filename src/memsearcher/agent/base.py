@@ -15,6 +15,7 @@ from typing import Any
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
 from memsearcher.agent.prompts import TOOL_NAME, Templates
 from memsearcher.llm.base import Completion, Tokenizer
+from memsearcher.text import sanitize_text
 from memsearcher.types import EndReason, Hit, QAExample, TokenSequence, Trajectory, Turn
 
 
@@ -147,9 +148,12 @@ class Episode(ABC):
     # -- helpers for the agents ---------------------------------------------------------------
 
     def render_prompt(self, messages: Sequence[dict[str, str]]) -> None:
-        """Start a new training sequence whose prompt is ``messages`` in the chat template."""
-        text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
-        self.prompt_ids = self.tokenizer.encode(text)
+        """Start a new training sequence whose prompt is ``messages`` in the chat template.
+
+        Questions, passages and memories are text from outside: a special token written in them
+        (``<|im_end|>``) stays text, so it cannot end a message or open a turn.
+        """
+        self.prompt_ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         self.response_ids, self.loss_mask = [], []
 
     def context_ids(self) -> tuple[int, ...]:
@@ -178,24 +182,21 @@ class Episode(ABC):
         self.draft.generated_tokens += len(ids)
         while ids and ids[-1] in self.tokenizer.eos_token_ids:
             ids.pop()
-        return self.tokenizer.decode(ids)
+        return sanitize_text(self.tokenizer.decode(ids))
 
     def insert_user_message(self, content: str) -> None:
         """Close the assistant message, add a user message, open the next assistant message.
 
-        The glue comes from the model's own chat template, and all of it has loss mask 0.
+        The glue comes from the model's own chat template, and all of it has loss mask 0;
+        ``content`` stays text, as in :meth:`render_prompt`.
         """
         sentinel = "\x00memsearcher-sentinel\x00"
-        rendered = self.tokenizer.render_chat(
-            [
-                {"role": "user", "content": "q"},
-                {"role": "assistant", "content": sentinel},
-                {"role": "user", "content": content},
-            ],
-            add_generation_prompt=True,
-        )
-        glue = rendered[rendered.index(sentinel) + len(sentinel) :]
-        ids = self.tokenizer.encode(glue)
+        messages = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": sentinel},
+            {"role": "user", "content": content},
+        ]
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True, after=1)
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
 

@@ -13,7 +13,9 @@ one lockstep batch (``max_batch`` questions), so the model sees batched prompts 
 a lone request waits for nobody. With an HTTP model (``--backend openai``) each question runs
 as its own asyncio task instead, and the model's server does the batching. Inputs are bounded
 (``ServeConfig``); a bad request gets a 4xx with a JSON ``detail``, and a full queue gets 503
-with ``Retry-After``. The server binds 127.0.0.1 unless told otherwise.
+with ``Retry-After``. A question that fails in a batch is retried alone, so it fails alone.
+Questions pass through ``memsearcher.text.sanitize_text``. The server binds 127.0.0.1 unless
+told otherwise, and then answers only requests addressed to a loopback name.
 """
 
 from __future__ import annotations
@@ -25,21 +27,23 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
+from functools import partial
+from operator import itemgetter
 from typing import Any, Literal
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, SamplingParams
 from memsearcher.retrieval.base import Retriever
-from memsearcher.retrieval.server import BodyGuard
+from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers
+from memsearcher.text import sanitize_text
 from memsearcher.types import QAExample, Trajectory
 from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictStr
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 except ImportError as error:  # pragma: no cover - retrieval.server already says how
     raise MemSearcherError(
         f"serve needs fastapi: pip install 'memsearcher[server]' ({error})"
@@ -69,9 +73,11 @@ class ServeConfig:
 class AnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: StrictStr = Field(description="The question to answer.")
-    max_turns: int | None = Field(None, ge=1, description="Turn limit (at most the server's).")
-    top_n: int | None = Field(None, ge=1, le=AgentConfig.max_top_n, description="Passages/search")
-    include_tokens: bool = Field(False, description="Also return the token sequences.")
+    max_turns: StrictInt | None = Field(None, ge=1, description="Turn limit (at most the server's)")
+    top_n: StrictInt | None = Field(
+        None, ge=1, le=AgentConfig.max_top_n, description="Passages per search"
+    )
+    include_tokens: StrictBool = Field(False, description="Also return the token sequences.")
 
 
 class ChatMessage(BaseModel):
@@ -83,8 +89,8 @@ class ChatMessage(BaseModel):
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
-    model: str | None = None
-    stream: bool = False
+    model: StrictStr | None = None
+    stream: StrictBool = False
 
 
 class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]]):
@@ -100,27 +106,19 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
         config: ServeConfig,
         templates: Templates | None = None,
     ) -> None:
-        super().__init__("agent")
+        super().__init__("agent", config.max_pending)
         self.llm, self.retriever, self.agent = llm, retriever, agent
         self.agent_config, self.sampling, self.config = agent_config, sampling, config
         self.templates = templates
-        self.pending = 0
 
     async def answer(self, question: str, agent_config: AgentConfig) -> Trajectory:
-        if self.pending >= self.config.max_pending:
-            raise fastapi.HTTPException(
-                503, "the server is busy; retry later", headers={"Retry-After": "1"}
-            )
-        self.pending += 1
-        try:
+        with self.admit():
             example = QAExample(id=uuid.uuid4().hex, question=question, golden_answers=())
             if hasattr(self.llm, "agenerate"):
                 return await self._answer_alone(example, agent_config)
             future: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
             await self.queue.put((example, agent_config, future))
             return await future
-        finally:
-            self.pending -= 1
 
     async def _answer_alone(self, example: QAExample, agent_config: AgentConfig) -> Trajectory:
         """An HTTP model batches on its server: each question runs as its own task."""
@@ -151,21 +149,19 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
             while len(batch) < self.config.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             live = [item for item in batch if not item[2].done()]
-            if not live:
-                continue
-            try:
-                results = await loop.run_in_executor(
-                    self.executor, self._answer_batch, [(e, c) for e, c, _ in live]
-                )
-            except Exception as error:  # the model or the index failed: tell every waiter
-                logger.exception("answering failed")
-                for _, _, future in live:
-                    if not future.done():
-                        future.set_exception(error)
-                continue
-            for (_, _, future), trajectory in zip(live, results, strict=True):
-                if not future.done():
-                    future.set_result(trajectory)
+            await self.run_apart(live, partial(self._answer, loop), itemgetter(2))
+
+    async def _answer(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        items: list[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]],
+    ) -> None:
+        results = await loop.run_in_executor(
+            self.executor, self._answer_batch, [(e, c) for e, c, _ in items]
+        )
+        for (_, _, future), trajectory in zip(items, results, strict=True):
+            if not future.done():
+                future.set_result(trajectory)
 
 
 def _trajectory_body(trajectory: Trajectory, include_tokens: bool) -> dict[str, Any]:
@@ -176,8 +172,14 @@ def _trajectory_body(trajectory: Trajectory, include_tokens: bool) -> dict[str, 
     return data
 
 
-def create_app(service: AgentService, model_name: str = "memsearcher") -> fastapi.FastAPI:
-    """The FastAPI application around ``service``."""
+def create_app(
+    service: AgentService,
+    model_name: str = "memsearcher",
+    hosts: frozenset[str] | None = None,
+    docs: bool = False,
+) -> fastapi.FastAPI:
+    """The FastAPI application around ``service``: it answers requests for ``hosts`` only
+    (None: any Host); ``docs`` serves /docs, a page that loads its scripts from a CDN."""
     config = service.config
 
     @contextlib.asynccontextmanager
@@ -190,22 +192,13 @@ def create_app(service: AgentService, model_name: str = "memsearcher") -> fastap
         title="memsearcher agent",
         description="Questions answered by a search agent with a compact memory.",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
     )
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Any, error: RequestValidationError) -> Any:
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in error.errors()
-        ]
-        return JSONResponse({"detail": detail}, status_code=422)
-
-    @app.exception_handler(Exception)
-    async def failed(request: Any, error: Exception) -> Any:
-        return JSONResponse({"detail": f"internal error: {type(error).__name__}"}, 500)
+    add_error_handlers(app)
 
     def check_question(question: str) -> str:
-        question = question.strip()
+        question = sanitize_text(question.strip())
         if not question:
             raise fastapi.HTTPException(422, "the question is empty")
         if len(question) > config.max_question_chars:
@@ -297,4 +290,5 @@ def create_app(service: AgentService, model_name: str = "memsearcher") -> fastap
         )
 
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
+    app.add_middleware(HostGuard, hosts=hosts)  # added last, so it runs first
     return app

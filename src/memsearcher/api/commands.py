@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from memsearcher.eval.commands import add_model_arguments, open_llm
+from memsearcher.retrieval.commands import add_http_arguments, timeouts_from
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -30,6 +31,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="questions per batch")
     parser.add_argument("--name", default="memsearcher", help="model name in the API")
     add_model_arguments(parser)
+    add_http_arguments(parser)
     parser.set_defaults(func=run_serve)
 
 
@@ -40,6 +42,7 @@ def build_service(args: argparse.Namespace) -> tuple[object, str]:
     from memsearcher.errors import MemSearcherError
     from memsearcher.llm import SamplingParams
     from memsearcher.retrieval import open_retriever
+    from memsearcher.serving import allowed_hosts
 
     try:
         agent_config = AgentConfig(
@@ -59,14 +62,14 @@ def build_service(args: argparse.Namespace) -> tuple[object, str]:
     retriever = open_retriever(args.index or args.retriever)
     llm = open_llm(args)
     service = AgentService(llm, retriever, args.agent, agent_config, sampling, config, templates)
-    return create_app(service, args.name), args.name
+    return create_app(service, args.name, allowed_hosts(args.host), args.docs), args.name
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from memsearcher.retrieval.dense import require
+    from memsearcher.serving import run_server
 
-    uvicorn = require("uvicorn", "server")
+    timeouts = timeouts_from(args)
     app, _ = build_service(args)
     # one process: the model lives in it, and the service batches the requests itself
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    run_server(app, args.host, args.port, timeouts, log_level="info", access_log=False)
     return 0

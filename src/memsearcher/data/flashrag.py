@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
+from memsearcher.text import sanitize_text
 from memsearcher.types import QAExample
 
 __all__ = [
@@ -42,30 +43,36 @@ def _example(row: Mapping[str, Any], where: str) -> QAExample:
     if not isinstance(question, str) or not question.strip():
         raise MemSearcherError(f"{where}: 'question' must be a non-empty string")
     try:
-        answers = tuple(str(g) for g in golds)
+        answers = tuple(sanitize_text(str(g)) for g in golds)
     except TypeError:
         raise MemSearcherError(f"{where}: 'golden_answers' must be a list of strings") from None
     if not answers:
         raise MemSearcherError(f"{where}: 'golden_answers' is empty")
     metadata = row.get("metadata") or {}
     return QAExample(
-        id=str(raw_id),
-        question=question.strip(),
+        id=sanitize_text(str(raw_id)),
+        question=sanitize_text(question.strip()),
         golden_answers=answers,
         metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
     )
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise MemSearcherError(f"{where}: not valid UTF-8 ({error.reason})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as error:
-                raise MemSearcherError(f"{where}: not JSON ({error.msg})") from None
+                raise MemSearcherError(
+                    f"{where}: not JSON ({error.msg} at column {error.colno}: {line[:60]!r})"
+                ) from None
 
 
 def _parquet_rows(path: Path) -> Iterable[tuple[str, Any]]:
@@ -83,7 +90,8 @@ def _parquet_rows(path: Path) -> Iterable[tuple[str, Any]]:
 def read_examples(path: str | Path, limit: int | None = None) -> list[QAExample]:
     """The questions of one FlashRAG file (``.jsonl`` or ``.parquet``), first ``limit`` only.
 
-    Ids must be unique within a file: an evaluation run resumes by id.
+    Ids must be unique within a file: an evaluation run resumes by id. A file without a single
+    question is an error. Text passes through :func:`memsearcher.text.sanitize_text`.
     """
     path = Path(path)
     if not path.is_file():
@@ -99,6 +107,8 @@ def read_examples(path: str | Path, limit: int | None = None) -> list[QAExample]
             raise MemSearcherError(f"{where}: duplicate id {example.id!r}")
         seen.add(example.id)
         examples.append(example)
+    if not examples and limit != 0:
+        raise MemSearcherError(f"{path} holds no questions")
     return examples
 
 

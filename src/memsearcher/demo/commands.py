@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
-from memsearcher.errors import MemSearcherError
+from memsearcher.folders import clear_folder
 
 DEMO_OUTPUTS = frozenset(
     {"world", "index", "templates.yaml", "models", "oracle", "sft", "eval", "report.md",
@@ -36,22 +35,11 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
 def clear_previous_run(out: Path) -> None:
     """Remove what an earlier demo wrote into ``out`` (its stages would resume or append
     otherwise); refuse a folder holding anything else, so nothing of the user's is lost."""
-    if out.exists() and not out.is_dir():
-        raise MemSearcherError(f"--out {out} is a file; choose a folder")
-    if not out.is_dir():
-        return
-    names = {path.name for path in out.iterdir()}
-    foreign = sorted(n for n in names if n not in DEMO_OUTPUTS and not n.startswith("grpo-"))
-    if foreign:
-        raise MemSearcherError(
-            f"--out {out} holds files a demo run does not write ({', '.join(foreign[:5])}); "
-            "choose another folder"
-        )
-    for path in out.iterdir():
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    clear_folder(out, _demo_output, "a demo run")
+
+
+def _demo_output(name: str) -> bool:
+    return name in DEMO_OUTPUTS or name.startswith("grpo-")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,7 +9,13 @@ Layout of a run folder::
 Predictions are appended and flushed one question at a time, so an interrupted run loses at
 most the questions in flight. Restarting with the same ``--out`` skips every id already saved;
 a torn last line (the process died mid-write) is dropped and its question redone. The summary
-is always recomputed from the saved predictions, so it covers the questions of every attempt.
+is always recomputed from the saved predictions, so it covers the questions of every attempt;
+an id saved more than once counts once, by its last line.
+
+A question that fails on its own (its batch is retried one question at a time to find it) is
+saved as an ``end_reason: "error"`` line with the error, and the run goes on; a rerun tries it
+again. Many failures in a row mean the setup is broken, not a question, and stop the run.
+One run at a time writes to a folder: a second gets a clear error (a lock in ``OUT/.lock``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match, f1_score, sub_exact_match
+from memsearcher.folders import exclusive
 from memsearcher.llm.base import LLM, SamplingParams
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample, Trajectory
@@ -36,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EvalConfig",
+    "error_record",
+    "latest_records",
     "prediction_record",
     "read_predictions",
     "run_eval",
@@ -45,6 +54,9 @@ __all__ = [
 FORMAT_FAILURES = frozenset({"format_error", "length"})
 """End reasons that mean the model broke the protocol (DESIGN section 5: not well formed)."""
 PERCENTILES = (50, 90, 99)
+LOCK = ".lock"
+MAX_ERRORS_IN_A_ROW = 10
+"""Questions failing one after another before the run stops: the setup, not a question, is bad."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,31 @@ def prediction_record(dataset: str, trajectory: Trajectory) -> dict[str, Any]:
         "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
         "trajectory": trajectory.to_dict(),
     }
+
+
+def error_record(dataset: str, example: QAExample, error: BaseException) -> dict[str, Any]:
+    """The line of a question whose run failed: it scores 0 and a rerun tries it again."""
+    return {
+        "id": example.id,
+        "dataset": dataset,
+        "question": example.question,
+        "golden_answers": list(example.golden_answers),
+        "prediction": None,
+        "em": 0.0,
+        "f1": 0.0,
+        "acc": 0.0,
+        "end_reason": "error",
+        "error": f"{type(error).__name__}: {error}"[:1000],
+        "turns": 0,
+        "searches": 0,
+        "prompt_tokens": [],
+        "trajectory": None,
+    }
+
+
+def latest_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per id, the last one saved (a retried error is followed by its answer)."""
+    return list({record["id"]: record for record in records}.values())
 
 
 def read_predictions(path: str | Path) -> list[dict[str, Any]]:
@@ -231,6 +268,7 @@ def _average(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
 # -- running -------------------------------------------------------------------------------------
 
 Done = Callable[[Trajectory], None]
+Failed = Callable[[QAExample, Exception], None]
 
 
 def _lockstep(
@@ -240,14 +278,33 @@ def _lockstep(
     config: EvalConfig,
     templates: Templates | None,
     on_done: Done,
+    on_error: Failed,
 ) -> None:
-    for start in range(0, len(examples), config.batch_size):
-        chunk = examples[start : start + config.batch_size]
+    def answer(chunk: Sequence[QAExample]) -> list[Trajectory]:
         episodes = start_episodes(
             config.agent, chunk, llm.tokenizer, config.agent_config, templates,
             llm.max_context_tokens,
         )  # fmt: skip
-        for trajectory in run_lockstep(episodes, llm, retriever, config.sampling):
+        return run_lockstep(episodes, llm, retriever, config.sampling)
+
+    for start in range(0, len(examples), config.batch_size):
+        chunk = examples[start : start + config.batch_size]
+        try:
+            trajectories = answer(chunk)
+        except Exception as error:  # find the question at fault; the others are answered
+            if len(chunk) == 1:
+                on_error(chunk[0], error)
+                continue
+            logger.warning("a batch failed (%s); answering its questions one at a time", error)
+            for example in chunk:
+                try:
+                    (trajectory,) = answer([example])
+                except Exception as single:
+                    on_error(example, single)
+                else:
+                    on_done(trajectory)
+            continue
+        for trajectory in trajectories:
             on_done(trajectory)
 
 
@@ -258,6 +315,7 @@ def _async(
     config: EvalConfig,
     templates: Templates | None,
     on_done: Done,
+    on_error: Failed,
 ) -> None:
     from memsearcher.agent.async_driver import run_async
 
@@ -283,6 +341,7 @@ def _async(
                 config.sampling,
                 concurrency=config.concurrency,
                 on_done=lambda _, trajectory: on_done(trajectory),
+                on_error=lambda index, error: on_error(examples[index], error),
             )
         finally:
             for resource in (llm, searcher):
@@ -307,7 +366,6 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
                 "resume with the same settings or choose another --out"
             )
         return
-    out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
@@ -324,21 +382,37 @@ def _answer_missing(
     """Run the questions of ``examples`` not yet in ``path``, appending each as it ends."""
     from tqdm import tqdm
 
-    done = {r["id"] for r in read_predictions(path)}
+    saved = latest_records(read_predictions(path))
+    done = {r["id"] for r in saved if r["end_reason"] != "error"}
     todo = [e for e in examples if e.id not in done]
     logger.info("%s: %d questions, %d saved, %d to run", name, len(examples), len(done), len(todo))
     if not todo:
         return
     writer = PredictionWriter(path)
+    errors_in_a_row = 0
     with tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name,
               disable=not progress, unit="q") as bar:  # fmt: skip
 
         def save(trajectory: Trajectory) -> None:
+            nonlocal errors_in_a_row
+            errors_in_a_row = 0
             writer.write(prediction_record(name, trajectory))
             bar.update(1)
 
+        def save_error(example: QAExample, error: Exception) -> None:
+            nonlocal errors_in_a_row
+            logger.error("%s: question %s failed: %s", name, example.id, error)
+            writer.write(error_record(name, example, error))
+            bar.update(1)
+            errors_in_a_row += 1
+            if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
+                raise MemSearcherError(
+                    f"{name}: the last {errors_in_a_row} questions all failed, so the setup is "
+                    f"at fault, not a question; stopping (last error: {error})"
+                ) from error
+
         try:
-            DRIVERS[config.driver](todo, llm, retriever, config, templates, save)
+            DRIVERS[config.driver](todo, llm, retriever, config, templates, save, save_error)
         finally:
             writer.close()
 
@@ -358,6 +432,27 @@ def run_eval(
     ``info`` (model, retriever, ...) is saved with the settings and must match on resume.
     """
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise MemSearcherError(f"--out {out} is a file; choose a folder for the run")
+    out.mkdir(parents=True, exist_ok=True)
+    busy = (
+        f"another eval is writing to {out} (it holds {out / LOCK}); "
+        "wait for it to end or choose another --out"
+    )
+    with exclusive(out / LOCK, busy):
+        return _run_locked(datasets, llm, retriever, config, out, templates, info, progress)
+
+
+def _run_locked(
+    datasets: dict[str, list[QAExample]],
+    llm: LLM,
+    retriever: Retriever,
+    config: EvalConfig,
+    out: Path,
+    templates: Templates | None,
+    info: dict[str, Any] | None,
+    progress: bool,
+) -> dict[str, Any]:
     _check_settings(out, {**config.settings(), **(info or {})})
     # datasets run earlier into the same folder stay in the summary
     summaries: dict[str, dict[str, Any]] = {}
@@ -367,7 +462,7 @@ def run_eval(
         path = out / name / "predictions.jsonl"
         _answer_missing(name, examples, path, llm, retriever, config, templates, progress)
         wanted = {e.id for e in examples}
-        records = [r for r in read_predictions(path) if r["id"] in wanted]
+        records = [r for r in latest_records(read_predictions(path)) if r["id"] in wanted]
         summaries[name] = s = summarize(records)
         if not records:
             continue

@@ -34,7 +34,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # written so that NaN fails too
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -87,6 +87,17 @@ class Tokenizer(Protocol):
 
     def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
         """The model's chat template applied to ``messages``, as text."""
+        ...
+
+    def encode_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool,
+        after: int | None = None,
+    ) -> list[int]:
+        """Token ids of ``render_chat(messages)``: the template's special tokens are special, and
+        special tokens written in the messages stay text; ``after=k``: only what follows message
+        k's content."""
         ...
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +15,15 @@ from memsearcher.llm.base import Completion, SamplingParams
 
 logger = logging.getLogger(__name__)
 
+# a message's content in a rendering, between private-use code points that no template or
+# tokenizer gives a meaning to
+_MARK = "\ue000{}\ue001"
+_MARKS = re.compile("\ue000(\\d+)\ue001")
+
+Part = tuple[str, int | None]
+"""A stretch of a rendered chat: its text, and the index of the message whose content it is
+(None: the template's own text)."""
+
 
 class HFTokenizer:
     """A transformers tokenizer seen through the `Tokenizer` protocol."""
@@ -24,6 +34,10 @@ class HFTokenizer:
         self.hf = tokenizer
         ids = {tokenizer.eos_token_id, *extra_eos_ids} - {None}
         self._eos_token_ids = frozenset(int(i) for i in ids)
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        self._special = {t.content: int(i) for i, t in added.items() if t.special}
+        names = sorted(self._special, key=len, reverse=True)  # longest first, as the tokenizer
+        self._special_split = re.compile(f"({'|'.join(map(re.escape, names))})") if names else None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -48,6 +62,84 @@ class HFTokenizer:
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
             )
         )
+
+    def encode_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool,
+        after: int | None = None,
+    ) -> list[int]:
+        """Token ids of ``render_chat(messages)``, decoding to exactly that text; the template's
+        special tokens are special, and in the messages' contents a special token's text stays
+        text. ``after=k``: only the ids of what follows message k's content.
+
+        Segments between the template's special tokens are encoded whole, as ``encode`` does
+        for the full text, so text without special tokens gets the same ids as ``encode``.
+        """
+        parts = self._chat_parts(messages, add_generation_prompt)
+        if parts is None:  # the template rewrites contents: encode as text if that is safe
+            return self._encode_unparted(messages, add_generation_prompt, after)
+        if after is not None:
+            last = max(k for k, (_, message) in enumerate(parts) if message == after)
+            parts = parts[last + 1 :]
+        ids: list[int] = []
+        pending: list[str] = []
+
+        def flush() -> None:
+            if pending:
+                text = "".join(pending)
+                ids.extend(
+                    self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+                )
+                pending.clear()
+
+        for text, message in parts:
+            if message is not None or self._special_split is None:
+                pending.append(text)
+                continue
+            for piece in self._special_split.split(text):
+                if piece in self._special:
+                    flush()
+                    ids.append(self._special[piece])
+                elif piece:
+                    pending.append(piece)
+        flush()
+        return ids
+
+    def _encode_unparted(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, after: int | None
+    ) -> list[int]:
+        if self._special_split is not None and any(
+            self._special_split.search(m["content"]) for m in messages
+        ):
+            raise MemSearcherError(
+                "this chat template changes the text it is given, so the special tokens written "
+                "in a message could not be kept as text; refusing to encode them as control tokens"
+            )
+        text = self.render_chat(messages, add_generation_prompt)
+        if after is not None:
+            content = messages[after]["content"]
+            text = text[text.index(content) + len(content) :]
+        return self.encode(text)
+
+    def _chat_parts(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool
+    ) -> list[Part] | None:
+        """The rendering cut into template text and message contents, found by rendering once
+        more with a marker for each content (and trimmed contents, for templates that trim)."""
+        text = self.render_chat(messages, add_generation_prompt)
+        marked = [{**m, "content": _MARK.format(k)} for k, m in enumerate(messages)]
+        pieces = _MARKS.split(self.render_chat(marked, add_generation_prompt))
+        order = [int(k) for k in pieces[1::2]]
+        if sorted(order) == list(range(len(messages))):
+            for shape in (str, str.strip):
+                parts: list[Part] = []
+                for k, piece in enumerate(pieces):
+                    parts.append((piece, None) if k % 2 == 0 else
+                                 (shape(messages[int(piece)]["content"]), int(piece)))  # fmt: skip
+                if "".join(t for t, _ in parts) == text:
+                    return [(t, m) for t, m in parts if t or m is not None]
+        return None
 
 
 def resolve_device(device: str) -> torch.device:

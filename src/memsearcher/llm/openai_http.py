@@ -36,6 +36,7 @@ from memsearcher.llm.base import (
     Tokenizer,
     derive_seed,
 )
+from memsearcher.text import sanitize_text
 from memsearcher.types import FinishReason
 
 logger = logging.getLogger(__name__)
@@ -338,6 +339,7 @@ def to_completion(
     tokenizer: Tokenizer,
 ) -> Completion:
     """One OpenAI choice as a `Completion`: the stop string kept, EOS closing a natural stop."""
+    text = sanitize_text(text if isinstance(text, str) else "")
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
     eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
     ids = choice.get("token_ids")

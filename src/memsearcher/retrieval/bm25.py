@@ -25,7 +25,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from memsearcher.retrieval.base import check_search_args
-from memsearcher.retrieval.corpus import CorpusError, OnError, PassageStore, scan_corpus
+from memsearcher.retrieval.corpus import (
+    OnError,
+    PassageStore,
+    check_corpus_path,
+    scan_corpus,
+)
 from memsearcher.retrieval.manifest import (
     OFFSETS,
     IndexFolderError,
@@ -264,9 +269,7 @@ def build_bm25(
 ) -> BM25Index:
     """Build a BM25 index of ``corpus`` in the folder ``out`` and open it."""
     config = config or BM25Config()
-    corpus, out = Path(corpus), Path(out)
-    if not corpus.is_file():
-        raise CorpusError(f"corpus file not found: {corpus}")
+    corpus, out = check_corpus_path(corpus), Path(out)
     started = time.perf_counter()
     with building(out, overwrite) as tmp:
         spill = tmp / "spill"

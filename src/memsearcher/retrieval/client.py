@@ -20,6 +20,7 @@ from typing import Any
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import check_search_args
 from memsearcher.retrieval.corpus import split_contents
+from memsearcher.text import sanitize_text
 from memsearcher.types import Hit
 
 logger = logging.getLogger(__name__)
@@ -234,7 +235,13 @@ def _hit(doc: dict[str, Any], score: float) -> Hit:
         title, text = split_contents(doc["contents"])
     else:
         title, text = doc.get("title", ""), doc["text"]
-    return Hit(id=str(doc["id"]), title=title, text=text, score=float(score))
+    # a server is outside: its text gets the same rule as a corpus read here
+    return Hit(
+        id=sanitize_text(str(doc["id"])),
+        title=sanitize_text(title),
+        text=sanitize_text(text),
+        score=float(score),
+    )
 
 
 def _detail(response: Any) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
+from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.bm25 import BM25Config
 from memsearcher.retrieval.dense import FAISS_KINDS, EncoderConfig, FaissConfig
 from memsearcher.retrieval.hybrid import FUSIONS, HybridConfig
@@ -28,7 +30,10 @@ def add_index_command(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--corpus", required=True, help="the JSONL corpus file")
     build.add_argument("--out", required=True, help="the index folder to create")
     build.add_argument("--kind", choices=("bm25", "dense", "hybrid"), default="bm25")
-    build.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    build.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an existing index folder (only one this command built; nothing else)",
+    )  # fmt: skip
     build.add_argument("--skip-bad-rows", action="store_true", help="log and skip bad rows")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     bm25, enc, fa = BM25Config(), EncoderConfig(), FaissConfig()
@@ -96,7 +101,7 @@ def add_retriever_command(commands: argparse._SubParsersAction) -> None:
     serve = actions.add_parser(
         "serve",
         help="serve an index (MemSearcher /search, /batch_search; Search-R1 /retrieve)",
-        description="Serve an index folder over HTTP; docs at /docs.",
+        description="Serve an index folder over HTTP; the OpenAPI schema at /openapi.json.",
     )
     serve.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -106,13 +111,41 @@ def add_retriever_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-top-n", type=int, help="largest top_n (default 100)")
     serve.add_argument("--max-queries", type=int, help="queries per request (default 512)")
     serve.add_argument("--max-body-bytes", type=int, help="request body limit (default 1 MiB)")
+    serve.add_argument(
+        "--max-pending-queries", type=int, help="queries waiting at once; more get 503 (2048)"
+    )
+    serve.add_argument("--max-response-bytes", type=int, help="largest answer (default 8 MiB)")
     serve.add_argument("--mmap", action="store_true", help="memory-map the index files")
     serve.add_argument("--ef-search", type=int, default=None, help="override (HNSW)")
     serve.add_argument("--nprobe", type=int, default=None, help="override (IVF)")
     serve.add_argument("--device", action="append", default=[], help="encoder device(s)")
     serve.add_argument("--gpu", action="store_true", help="FAISS on all GPUs (faiss-gpu)")
     serve.add_argument("--access-log", action="store_true")
+    add_http_arguments(serve)
     serve.set_defaults(func=_serve)
+
+
+def add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options both servers share: read timeouts and the /docs page."""
+    group = parser.add_argument_group("connections")
+    # defaults live in memsearcher.serving.Timeouts (importing it here would load fastapi)
+    group.add_argument("--header-timeout", type=float, help="seconds to send headers (10)")
+    group.add_argument("--body-timeout", type=float, help="seconds to send a body (30)")
+    group.add_argument(
+        "--idle-timeout", type=float, help="seconds a kept-alive connection waits (5)"
+    )
+    group.add_argument(
+        "--docs", action="store_true",
+        help="serve /docs (the page loads its JavaScript from a CDN, so it needs the internet)",
+    )  # fmt: skip
+
+
+def timeouts_from(args: argparse.Namespace) -> Any:
+    """The ``Timeouts`` the options of :func:`add_http_arguments` give."""
+    from memsearcher.serving import Timeouts
+
+    given = {k: getattr(args, f"{k}_timeout") for k in ("header", "body", "idle")}
+    return Timeouts(**{k: v for k, v in given.items() if v is not None})
 
 
 def _none(value: str | None) -> str | None:
@@ -121,8 +154,13 @@ def _none(value: str | None) -> str | None:
 
 def _build(args: argparse.Namespace) -> int:
     from memsearcher.retrieval.bm25 import build_bm25
+    from memsearcher.retrieval.corpus import check_corpus_path
     from memsearcher.retrieval.dense import build_dense
     from memsearcher.retrieval.hybrid import build_hybrid
+
+    corpus = check_corpus_path(args.corpus)
+    if os.path.abspath(args.out) == os.path.abspath(corpus):
+        raise MemSearcherError(f"--out {args.out} is the corpus file; name a folder for the index")
 
     bm25 = BM25Config(
         k1=args.k1, b=args.b, method=args.method,
@@ -164,9 +202,12 @@ def _build(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from memsearcher.retrieval import format_hits, load_index
+    from memsearcher.text import sanitize_text
 
     retriever = load_index(args.index)
-    for query, hits in zip(args.query, retriever.search(args.query, args.top_n), strict=True):
+    # argv bytes that are not UTF-8 arrive as lone surrogates (Python's surrogateescape)
+    queries = [sanitize_text(query) for query in args.query]
+    for query, hits in zip(queries, retriever.search(queries, args.top_n), strict=True):
         if args.json:
             record = {"query": query, "hits": [h.__dict__ for h in hits]}
             print(json.dumps(record, ensure_ascii=False))
@@ -200,7 +241,12 @@ def _serve(args: argparse.Namespace) -> int:
         load["devices"] = args.device
     if args.gpu:
         load["gpu"] = True
-    limits = {k: getattr(args, k) for k in ("max_top_n", "max_queries", "max_body_bytes")}
+    names = ("max_top_n", "max_queries", "max_body_bytes", "max_pending_queries",
+             "max_response_bytes")  # fmt: skip
+    limits = {k: getattr(args, k) for k in names}
     config = ServerConfig(**{k: v for k, v in limits.items() if v is not None})
-    serve(args.index, args.host, args.port, args.workers, config, load, args.access_log)
+    serve(
+        args.index, args.host, args.port, args.workers, config, load, args.access_log,
+        timeouts_from(args), args.docs,
+    )  # fmt: skip
     return 0

@@ -18,7 +18,7 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.paths import home
 from memsearcher.retrieval.base import Retriever
 from memsearcher.retrieval.corpus import CorpusError, Passage, write_corpus
-from memsearcher.retrieval.manifest import IndexFolderError
+from memsearcher.retrieval.manifest import IndexFolderError, check_overwritable, looks_built
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,19 @@ def embedded_index_path() -> Path:
     return home() / "indexes" / f"{CORPUS_NAME}-bm25"
 
 
+def _clear_damaged(folder: Path) -> None:
+    """Remove a cached index too damaged for ``overwrite`` to recognise (its manifest is
+    unreadable), if it holds nothing but the files index builds write: the cache path is
+    memsearcher's own, and without this one broken file would block the embedded index."""
+    import shutil
+
+    try:
+        check_overwritable(folder)
+    except MemSearcherError:
+        if looks_built(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def load_embedded_retriever() -> Retriever:
     """BM25 over the embedded corpus; built on first use, then cached on disk and in process."""
     from memsearcher.retrieval.bm25 import BM25Index, build_bm25
@@ -87,6 +100,7 @@ def load_embedded_retriever() -> Retriever:
             except MemSearcherError as error:  # stale cache: rebuild rather than fail
                 logger.warning("rebuilding the embedded index: %s", error)
                 stale = True
+                _clear_damaged(folder)
         if index is None:
             try:
                 # overwrite only a stale index: when two processes build a fresh one at once,

@@ -4,12 +4,17 @@ Every index folder has the manifest, the byte offsets of its passages in the cor
 (``offsets.npy``), and the library's own files. Loading checks that the corpus is still the one
 the index was built from (same size, same sampled hash, same row count) before it serves a
 single passage, because a silently swapped corpus returns wrong text for every hit.
+
+The manifest also lists the files the build wrote (``files``). That list is what makes a folder
+recognisably an index: ``overwrite`` replaces a folder only if its manifest is ours and nothing
+else lies beside it, and never deletes anything before the new index is complete.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -21,11 +26,22 @@ from typing import Any
 import numpy as np
 
 from memsearcher.errors import MemSearcherError
+from memsearcher.folders import check_replaceable, try_lock
 from memsearcher.retrieval.corpus import CorpusError, PassageStore, fingerprint
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 OFFSETS = "offsets.npy"
 FORMAT = 1
+STAGING = ".building"
+"""Suffix of the hidden sibling folder an index is built in."""
+STAGING_MARK = ".building.lock"
+"""A file in a staging folder, created once its builder holds the folder's lock."""
+REPLACED = ".replaced"
+"""Suffix of an old index moved aside by an overwrite until the new one is in place."""
+LEGACY_FILES = frozenset({OFFSETS, "bm25s", "bm25", "dense", "index.faiss", "embeddings.f16"})
+"""What builds wrote before manifests listed their files."""
 
 
 class IndexFolderError(MemSearcherError):
@@ -56,6 +72,10 @@ def new_manifest(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest last, listing every file the build put in ``folder``."""
+    internal = {MANIFEST, STAGING_MARK, f".{MANIFEST}.tmp"}
+    files = sorted(p.name for p in folder.iterdir() if p.name not in internal)
+    manifest = {**manifest, "files": files}
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, folder / MANIFEST)
@@ -116,23 +136,113 @@ def open_store(folder: Path, manifest: dict[str, Any], corpus: str | Path | None
     return PassageStore(path, offsets)
 
 
+def check_overwritable(out: Path) -> None:
+    """Raise unless ``out`` is absent or an index folder we built: a manifest we wrote (read by
+    :func:`read_manifest`) and, beside it, only the files that manifest lists."""
+    if not out.is_dir() or out.is_symlink():
+        check_replaceable(out, lambda name: False, "an index build")
+        return
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    if MANIFEST not in names:
+        check_replaceable(out, lambda name: False, "an index build")  # raises: it is not ours
+    try:
+        manifest = read_manifest(out)
+    except IndexFolderError as error:
+        raise IndexFolderError(f"{error}; not replacing {out}, nothing was deleted") from None
+    files = manifest.get("files")
+    listed = set(files) if isinstance(files, list) else LEGACY_FILES
+    check_replaceable(out, lambda name: name == MANIFEST or name in listed, "an index build")
+
+
+def looks_built(folder: Path) -> bool:
+    """True if every entry of ``folder`` has a name index builds write (whatever the manifest
+    says): how memsearcher recognises a damaged index in its own cache, and only there."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    return bool(names) and names <= LEGACY_FILES | {MANIFEST}
+
+
+def _siblings(out: Path, suffix: str) -> list[Path]:
+    prefix = f".{out.name}."
+    return [
+        p for p in out.parent.iterdir()
+        if p.name.startswith(prefix) and p.name.endswith(suffix) and p.is_dir()
+        and not p.is_symlink()
+    ]  # fmt: skip
+
+
+def remove_abandoned(out: Path) -> None:
+    """Delete what killed builds of ``out`` left behind: staging folders whose builder is gone
+    (their lock can be taken), and old indexes moved aside once ``out`` is complete again."""
+    for folder in _siblings(out, STAGING):
+        if not (folder / STAGING_MARK).is_file():
+            continue  # not ours, or its builder has not taken the lock yet
+        fd = try_lock(folder)
+        if fd is None:
+            continue  # a build is running there
+        try:
+            logger.warning("removing %s, left by a build that was killed", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+    if (out / MANIFEST).is_file():
+        for folder in _siblings(out, REPLACED):
+            if (folder / MANIFEST).is_file():
+                logger.warning("removing %s, an index an interrupted overwrite replaced", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _move_in(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Put the finished ``tmp`` at ``out``; an old index is renamed aside first and deleted
+    only once the new one is in place, so ``out`` never lacks a complete index for long."""
+    if not out.exists():
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not out.exists():
+                raise
+            # another process finished the same build first: its index stands
+        return
+    if not overwrite:  # another process finished the same build first
+        return
+    check_overwritable(out)
+    # rename(2) replaces an empty folder, so the old index takes the name mkdtemp reserved
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=REPLACED, dir=out.parent))
+    os.rename(out, aside)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        os.rename(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def building(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Build an index in a temporary sibling folder and move it to ``out`` only when complete, so
-    a crash or two concurrent builds never leave a half-written index behind."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise IndexFolderError(f"{out} already exists (pass overwrite to replace it)")
+    """Build an index in a hidden sibling folder and move it to ``out`` only when complete, so
+    a crash or two concurrent builds never leave a half-written index behind.
+
+    ``overwrite`` replaces an existing index folder (see :func:`check_overwritable`); anything
+    else at ``out`` is refused before the build starts, and again before it is replaced.
+    """
+    out = Path(os.path.abspath(out))  # "." and ".." have no name to build a sibling from
+    if out.exists() or out.is_symlink():
+        if not overwrite and out.is_dir() and not out.is_symlink():
+            raise IndexFolderError(f"{out} already exists (pass overwrite to replace it)")
+        check_overwritable(out)  # a file or a link is refused whatever overwrite says
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; an index is as readable as any other output
+    remove_abandoned(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=STAGING, dir=out.parent))
+    lock = try_lock(tmp)  # held until the build ends: the folder is in use while it is held
+    assert lock is not None, tmp  # a folder mkdtemp just made is nobody else's
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; an index is as readable as any other output
+        (tmp / STAGING_MARK).touch()
         yield tmp
-        if out.exists():
-            if not overwrite:  # another process finished the same build first
-                return
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        (tmp / STAGING_MARK).unlink()
+        _move_in(tmp, out, overwrite)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)

@@ -7,8 +7,11 @@
 
 Concurrent requests are queued and searched together: one worker thread takes everything
 waiting as one batch (one encoder forward pass and one FAISS search for dense indexes), so
-batching adds no delay when the server is idle and grows with load. Inputs are bounded
-(``ServerConfig``) and every bad request gets a 4xx with a JSON ``detail``.
+batching adds no delay when the server is idle and grows with load. Inputs, queued work and
+answers are bounded (``ServerConfig``: more pending queries than ``max_pending_queries`` get
+503 with Retry-After, an answer over ``max_response_bytes`` gets 422), clients that send too
+slowly are cut off (``memsearcher.serving.Timeouts``), and every bad request gets a 4xx with a
+JSON ``detail``. Queries and passages pass through ``memsearcher.text.sanitize_text``.
 
 fastapi and uvicorn are optional: ``pip install 'memsearcher[server]'``.
 """
@@ -20,21 +23,31 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import Retriever
+from memsearcher.serving import (
+    BodyGuard,
+    HostGuard,
+    Timeouts,
+    add_error_handlers,
+    allowed_hosts,
+    run_server,
+)
+from memsearcher.text import sanitize_text
 from memsearcher.types import Hit
 from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictStr
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 except ImportError as error:  # only the server needs these; say how to get them
     raise MemSearcherError(
         f"the retrieval server needs fastapi and uvicorn ({error}): "
@@ -42,11 +55,6 @@ except ImportError as error:  # only the server needs these; say how to get them
     ) from None
 
 logger = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 ENV_INDEX = "MEMSEARCHER_SERVE_INDEX"
 ENV_OPTIONS = "MEMSEARCHER_SERVE_OPTIONS"
@@ -66,6 +74,22 @@ class ServerConfig:
     """Largest request body; larger ones get 413."""
     max_batch_queries: int = 512
     """Most queries searched in one index call when requests are batched together."""
+    max_pending_queries: int = 2048
+    """Queries waiting or being searched at once; a request that would pass it gets 503."""
+    max_response_bytes: int = 8 << 20
+    """Largest answer; a request whose answer would be larger gets 422."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MemSearcherError(
+                    f"server setting {name} must be an integer >= 1, got {value!r}"
+                )
+        if self.max_pending_queries < self.max_queries:
+            raise MemSearcherError(
+                f"max_pending_queries ({self.max_pending_queries}) must be at least max_queries "
+                f"({self.max_queries}), or a full-size request could never be admitted"
+            )
 
 
 class SearchRequest(BaseModel):
@@ -73,15 +97,15 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     query: StrictStr = Field(description="The search query.")
-    top_n: int = Field(5, ge=1, description="Passages to return (at most max_top_n, see /health).")
-    return_score: bool = Field(False, description="Also return the scores.")
+    top_n: StrictInt = Field(5, ge=1, description="Passages (at most max_top_n, see /health).")
+    return_score: StrictBool = Field(False, description="Also return the scores.")
 
 
 class BatchSearchRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     query: list[StrictStr] = Field(min_length=1, description="The search queries.")
-    top_n: int = Field(5, ge=1, description="Passages per query (at most the server's max_top_n).")
-    return_score: bool = Field(False, description="Also return the scores.")
+    top_n: StrictInt = Field(5, ge=1, description="Passages per query (at most max_top_n).")
+    return_score: StrictBool = Field(False, description="Also return the scores.")
 
 
 class RetrieveRequest(BaseModel):
@@ -89,8 +113,8 @@ class RetrieveRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     queries: list[StrictStr] = Field(min_length=1, description="The search queries.")
-    topk: int = Field(3, ge=1, description="Passages per query (at most the server's max_top_n).")
-    return_scores: bool = Field(True, description="Return {document, score} pairs.")
+    topk: StrictInt = Field(3, ge=1, description="Passages per query (at most max_top_n).")
+    return_scores: StrictBool = Field(True, description="Return {document, score} pairs.")
 
 
 def _doc(hit: Hit) -> dict[str, str]:
@@ -101,15 +125,16 @@ class Batcher(QueueWorker[tuple[list[str], int, asyncio.Future[list[list[Hit]]]]
     """Runs searches in one worker thread, merging whatever requests are waiting into one call
     per distinct ``top_n``."""
 
-    def __init__(self, retriever: Retriever, max_queries: int) -> None:
-        super().__init__("retriever")
+    def __init__(self, retriever: Retriever, max_queries: int, max_pending: int | None = None):
+        super().__init__("retriever", max_pending)
         self.retriever = retriever
         self.max_queries = max_queries
 
     async def search(self, queries: list[str], top_n: int) -> list[list[Hit]]:
-        future: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
-        await self.queue.put((queries, top_n, future))
-        return await future
+        with self.admit(len(queries)):
+            future: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
+            await self.queue.put((queries, top_n, future))
+            return await future
 
     async def _run(self) -> None:
         while True:
@@ -121,14 +146,9 @@ class Batcher(QueueWorker[tuple[list[str], int, asyncio.Future[list[list[Hit]]]]
             groups: dict[int, list[tuple[list[str], asyncio.Future[list[list[Hit]]]]]] = {}
             for queries, top_n, future in batch:
                 groups.setdefault(top_n, []).append((queries, future))
-            for top_n, items in groups.items():
-                try:
-                    await self._search_group(top_n, items)
-                except Exception as error:  # this loop must outlive any failure, or all hang
-                    logger.exception("search failed")
-                    for _, future in items:
-                        if not future.done():
-                            future.set_exception(error)
+            for top_n, group in groups.items():
+                items = [item for item in group if not item[1].done()]  # some clients left
+                await self.run_apart(items, partial(self._search_group, top_n), itemgetter(1))
 
     async def _search_group(
         self, top_n: int, items: list[tuple[list[str], asyncio.Future[list[list[Hit]]]]]
@@ -145,78 +165,21 @@ class Batcher(QueueWorker[tuple[list[str], int, asyncio.Future[list[list[Hit]]]]
             start += len(queries)
 
 
-class BodyGuard:
-    """ASGI middleware: bound the body, insist on JSON in UTF-8, before any parsing.
-
-    An oversized body is still read (and dropped, up to a hard cap) before the 413 goes out:
-    answering mid-upload makes most clients fail with a broken pipe instead of reading it.
-    """
-
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if ctype and ctype != b"application/json" and not ctype.endswith(b"+json"):
-            await _reject(send, 415, "send the request as JSON (Content-Type: application/json)")
-            return
-        chunks, size, drained = [], 0, 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            if size + len(body) <= self.max_bytes:
-                chunks.append(body)
-                size += len(body)
-            else:
-                size = self.max_bytes + 1
-                drained += len(body)
-            if not message.get("more_body", False) or drained > 64 * self.max_bytes:
-                break
-        if size > self.max_bytes:
-            await _reject(send, 413, f"request body over {self.max_bytes} bytes")
-            return
-        payload = b"".join(chunks)
-        try:
-            payload.decode("utf-8")
-        except UnicodeDecodeError as error:
-            await _reject(send, 400, f"request body is not valid UTF-8 ({error.reason})")
-            return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-async def _reject(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 def create_app(
-    retriever: Retriever, config: ServerConfig | None = None, info: dict[str, Any] | None = None
+    retriever: Retriever,
+    config: ServerConfig | None = None,
+    info: dict[str, Any] | None = None,
+    hosts: frozenset[str] | None = None,
+    docs: bool = False,
 ) -> fastapi.FastAPI:
-    """The FastAPI application serving ``retriever``."""
+    """The FastAPI application serving ``retriever``: it answers requests for ``hosts`` only
+    (None: any Host); ``docs`` serves /docs, a page that loads its scripts from a CDN."""
     config = config or ServerConfig()
     info = dict(info or {})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        app.state.batcher = Batcher(retriever, config.max_batch_queries)
+        app.state.batcher = Batcher(retriever, config.max_batch_queries, config.max_pending_queries)
         app.state.batcher.start()
         yield
         await app.state.batcher.stop()
@@ -225,9 +188,12 @@ def create_app(
         title="memsearcher retrieval server",
         description="Passage search for MemSearcher and Search-R1 clients.",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
     )
+    add_error_handlers(app)
 
-    def check(queries: Sequence[str], top_n: int) -> None:
+    def check(queries: Sequence[str], top_n: int) -> list[str]:
         if top_n > config.max_top_n:
             raise fastapi.HTTPException(422, f"top_n must be at most {config.max_top_n}")
         if len(queries) > config.max_queries:
@@ -239,20 +205,22 @@ def create_app(
                 raise fastapi.HTTPException(
                     422, f"query {i} is longer than {config.max_query_chars} characters"
                 )
+        return [sanitize_text(query) for query in queries]
 
     async def search(queries: list[str], top_n: int) -> list[list[Hit]]:
-        check(queries, top_n)
-        results: list[list[Hit]] = await app.state.batcher.search(queries, top_n)
+        results: list[list[Hit]] = await app.state.batcher.search(check(queries, top_n), top_n)
         return results
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Any, error: RequestValidationError) -> Any:
-        # the offending input is left out: echoing a 1 MB string back helps nobody
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in error.errors()
-        ]
-        return JSONResponse({"detail": detail}, status_code=422)
+    def respond(body: Any) -> JSONResponse:
+        response = JSONResponse(body)
+        if len(response.body) > config.max_response_bytes:
+            raise fastapi.HTTPException(
+                422,
+                f"the answer would be {len(response.body)} bytes, over this server's "
+                f"max_response_bytes ({config.max_response_bytes}); ask for fewer queries or "
+                "a smaller top_n",
+            )
+        return response
 
     @app.post("/search", summary="Search one query (MemSearcher)")
     async def search_one(request: SearchRequest) -> Any:
@@ -261,7 +229,7 @@ def create_app(
         hits = (await search([request.query], request.top_n))[0]
         docs = [_doc(h) for h in hits]
         body = [docs, [h.score for h in hits]] if request.return_score else docs
-        return JSONResponse(body)
+        return respond(body)
 
     @app.post("/batch_search", summary="Search several queries (MemSearcher)")
     async def batch_search(request: BatchSearchRequest) -> Any:
@@ -270,8 +238,8 @@ def create_app(
         results = await search(request.query, request.top_n)
         docs = [[_doc(h) for h in hits] for hits in results]
         if request.return_score:
-            return JSONResponse([docs, [[h.score for h in hits] for hits in results]])
-        return JSONResponse(docs)
+            return respond([docs, [[h.score for h in hits] for hits in results]])
+        return respond(docs)
 
     @app.post("/retrieve", summary="Search several queries (Search-R1)")
     async def retrieve(request: RetrieveRequest) -> Any:
@@ -284,13 +252,14 @@ def create_app(
             ]
         else:
             result = [[_doc(h) for h in hits] for hits in results]
-        return JSONResponse({"result": result})
+        return respond({"result": result})
 
     @app.get("/health", summary="Liveness and what is being served")
     async def health() -> Any:
         return JSONResponse({"status": "ok", **info, "limits": asdict(config)})
 
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
+    app.add_middleware(HostGuard, hosts=hosts)  # added last, so it runs first
     return app
 
 
@@ -308,7 +277,8 @@ def app_from_env() -> fastapi.FastAPI:
     """App factory for uvicorn (``--factory``), so each worker process loads the index itself.
 
     Reads the index folder from ``$MEMSEARCHER_SERVE_INDEX`` (empty: the embedded BM25) and
-    ``{"server": {...}, "load": {...}}`` options from ``$MEMSEARCHER_SERVE_OPTIONS``.
+    ``{"server": {...}, "load": {...}, "host": str, "docs": bool}`` options from
+    ``$MEMSEARCHER_SERVE_OPTIONS``.
     """
     from memsearcher.retrieval import load_embedded_retriever, load_index
 
@@ -316,7 +286,13 @@ def app_from_env() -> fastapi.FastAPI:
     folder = os.environ.get(ENV_INDEX)
     retriever = load_index(folder, **options.get("load", {})) if folder else None
     retriever = retriever or load_embedded_retriever()
-    return create_app(retriever, ServerConfig(**options.get("server", {})), _index_info(retriever))
+    return create_app(
+        retriever,
+        ServerConfig(**options.get("server", {})),
+        _index_info(retriever),
+        allowed_hosts(options.get("host", "127.0.0.1")),
+        bool(options.get("docs", False)),
+    )
 
 
 def serve(
@@ -327,12 +303,11 @@ def serve(
     config: ServerConfig | None = None,
     load_options: dict[str, Any] | None = None,
     access_log: bool = False,
+    timeouts: Timeouts | None = None,
+    docs: bool = False,
 ) -> None:
     """Serve an index folder (None: the embedded BM25) until interrupted."""
-    from memsearcher.retrieval.encoder import require
     from memsearcher.retrieval.manifest import read_manifest
-
-    uvicorn = require("uvicorn", "server")
 
     load_options = dict(load_options or {})
     if index is not None:
@@ -342,13 +317,19 @@ def serve(
             raise MemSearcherError(f"{dense_only} apply to dense and hybrid indexes, not bm25")
     os.environ[ENV_INDEX] = str(Path(index).resolve()) if index is not None else ""
     os.environ[ENV_OPTIONS] = json.dumps(
-        {"server": asdict(config or ServerConfig()), "load": load_options}
+        {
+            "server": asdict(config or ServerConfig()),
+            "load": load_options,
+            "host": host,
+            "docs": docs,
+        }
     )
-    uvicorn.run(
+    run_server(
         "memsearcher.retrieval.server:app_from_env",
+        host,
+        port,
+        timeouts or Timeouts(),
         factory=True,
-        host=host,
-        port=port,
         workers=workers,
         access_log=access_log,
         log_level="info",

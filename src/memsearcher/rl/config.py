@@ -2,12 +2,16 @@
 
 A preset file (``configs/*.yaml``) gives the values that differ from the defaults; command-line
 overrides ``key=value`` (dotted for nested sections, e.g. ``optim.lr=1e-5``) apply on top.
-Unknown keys and ill-typed values are errors that list what is valid.
+Unknown keys and ill-typed values are errors that list what is valid; so are values out of
+range (a NaN or negative learning rate, beta < 0) and names missing from their registry (an
+unknown agent, reward, aggregation or schedule), all checked when the config is built, so
+``--print-config`` catches them, and named by their dotted key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -66,6 +70,7 @@ class ModelConfig:
     """How several ranks hold the model: ddp (a full replica each) or fsdp (sharded, GPUs)."""
 
     def __post_init__(self) -> None:
+        _check_model(self)
         if self.dtype not in DTYPES:
             raise MemSearcherError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.autocast not in (None, "auto", "bfloat16", "float16"):
@@ -90,6 +95,19 @@ class OptimConfig:
     """After warm-up: constant, or cosine towards 0 at the end (as HF's cosine schedule)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
+
+    def __post_init__(self) -> None:
+        from memsearcher.rl.optim import SCHEDULES  # here: optim imports this module
+
+        _require(self, "lr", _finite(self.lr) and self.lr > 0, "a finite number > 0")
+        _require(self, "weight_decay", _finite(self.weight_decay) and self.weight_decay >= 0,
+                 "a finite number >= 0")  # fmt: skip
+        _require(self, "betas", all(_finite(b) and 0 <= b < 1 for b in self.betas),
+                 "two numbers in [0, 1)")  # fmt: skip
+        _require(self, "warmup_steps", self.warmup_steps >= 0, ">= 0")
+        _require(self, "schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}")
+        _require(self, "max_grad_norm", _finite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                 "a finite number >= 0 (0 disables clipping)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,7 @@ class GRPOConfig:
     """Turn budget, memory cap, generation budgets."""
 
     def __post_init__(self) -> None:
+        _check_grpo(self)
         _positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
         _positive(self, "micro_batch_tokens", "log_every", "save_every")
         if self.questions_per_step % self.mini_batch_questions:
@@ -212,6 +231,8 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
         _positive(self, "save_every")
+        _require(self, "steps", self.steps >= 0, ">= 0 (0: epochs passes over the data)")
+        _require(self, "seed", self.seed >= 0, ">= 0")
         _check_precision(self.model, self.optim)
 
 
@@ -227,6 +248,45 @@ def _check_precision(model: ModelConfig, optim: OptimConfig) -> None:
             "default; forward passes still run in bfloat16 under model.autocast) or train LoRA "
             "adapters (model.lora_rank > 0)"
         )
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(config: Any, name: str, ok: bool, rule: str) -> None:
+    """A ValueError naming the field; ``load_config`` adds its section (``optim.lr``)."""
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
+
+
+def _check_model(config: ModelConfig) -> None:
+    _require(config, "lora_rank", config.lora_rank >= 0, ">= 0 (0 trains every weight)")
+    _require(config, "lora_alpha", config.lora_alpha > 0, "> 0")
+    _require(config, "rollout_batch_size", config.rollout_batch_size >= 1, ">= 1")
+    _require(config, "distributed", config.distributed in ("ddp", "fsdp"), "ddp or fsdp")
+
+
+def _check_grpo(config: GRPOConfig) -> None:
+    """Ranges, and names looked up in the registries they select from."""
+    from memsearcher.agent import AGENTS
+    from memsearcher.rl.loss import AGGREGATIONS
+    from memsearcher.rl.rewards import REWARDS
+
+    _require(config, "agent_name", config.agent_name in AGENTS, f"one of {sorted(AGENTS)}")
+    _require(config, "aggregation", config.aggregation in AGGREGATIONS,
+             f"one of {sorted(AGGREGATIONS)}")  # fmt: skip
+    _require(config, "reward", config.reward in REWARDS, f"one of {sorted(REWARDS)}")
+    _require(config, "beta", _finite(config.beta) and config.beta >= 0,
+             "a finite number >= 0 (0 skips the reference model)")  # fmt: skip
+    _require(config, "clip_low", _finite(config.clip_low) and 0 <= config.clip_low < 1,
+             "in [0, 1)")  # fmt: skip
+    _require(config, "clip_high", _finite(config.clip_high) and config.clip_high >= 0,
+             "a finite number >= 0")  # fmt: skip
+    _require(config, "temperature", _finite(config.temperature), "a finite number")
+    _require(config, "steps", config.steps >= 0, ">= 0 (0: one pass over the questions)")
+    _require(config, "sample_every", config.sample_every >= 0, ">= 0 (0 disables)")
+    _require(config, "seed", config.seed >= 0, ">= 0")
 
 
 def _positive(config: Any, *names: str) -> None:
@@ -274,8 +334,8 @@ def _build(cls: type[C], data: dict[str, Any], prefix: str) -> C:
     values = {name: _coerce(hints[name], data[name], prefix + name) for name in data}
     try:
         return cls(**values)
-    except (ValueError, TypeError) as error:
-        raise MemSearcherError(f"invalid config: {error}") from None
+    except (ValueError, TypeError) as error:  # messages start with the field's name
+        raise MemSearcherError(f"invalid config: {prefix}{error}") from None
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
