@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from uuid import uuid4
 
@@ -36,13 +36,13 @@ from memsearcher.agent.async_driver import SearchBatcher, drive
 from memsearcher.errors import MemSearcherError
 from memsearcher.integrations.verl.checks import check_trainer_config
 from memsearcher.integrations.verl.data import example_from_row
-from memsearcher.integrations.verl.outputs import turn_rows
+from memsearcher.integrations.verl.outputs import finish_reason, turn_rows
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.rl.rewards import get_reward
-from memsearcher.types import FinishReason, Hit
+from memsearcher.types import Hit
 
-__all__ = ["MemSearcherAgentLoop", "finish_reason"]
+__all__ = ["MemSearcherAgentLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,22 +60,6 @@ def _once(key: Any, make: Callable[[], Any]) -> Any:
     if key not in _PROCESS:
         _PROCESS[key] = make()
     return _PROCESS[key]
-
-
-def finish_reason(
-    token_ids: Sequence[int], stop: Sequence[str], tokenizer: Tokenizer
-) -> FinishReason:
-    """Why a server generation ended, as our episodes need it.
-
-    veRL's vLLM server reports ``completed`` both for a stop and for a cut at ``max_tokens``, so
-    the reason is read from the tokens, as our HF backend does: an end-of-sequence token or a
-    stop string in the text is a stop; anything else ran out of budget.
-    """
-    if token_ids and token_ids[-1] in tokenizer.eos_token_ids:
-        return "stop"
-    if stop and any(s in tokenizer.decode(token_ids) for s in stop):
-        return "stop"
-    return "length"
 
 
 def _tokenizer(hf_tokenizer: Any, model_path: str) -> HFTokenizer:

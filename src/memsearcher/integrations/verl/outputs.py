@@ -15,9 +15,26 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match, f1_score
-from memsearcher.types import Trajectory
+from memsearcher.llm.base import Tokenizer
+from memsearcher.types import FinishReason, Trajectory
 
-__all__ = ["lay_logprobs", "reward_info", "turn_rows"]
+__all__ = ["finish_reason", "lay_logprobs", "reward_info", "turn_rows"]
+
+
+def finish_reason(
+    token_ids: Sequence[int], stop: Sequence[str], tokenizer: Tokenizer
+) -> FinishReason:
+    """Why a server generation ended, as our episodes need it.
+
+    veRL's vLLM server reports ``completed`` both for a stop and for a cut at ``max_tokens``, so
+    the reason is read from the tokens, as our HF backend does: an end-of-sequence token or a
+    stop string in the text is a stop; anything else ran out of budget.
+    """
+    if token_ids and token_ids[-1] in tokenizer.eos_token_ids:
+        return "stop"
+    if stop and any(s in tokenizer.decode(token_ids) for s in stop):
+        return "stop"
+    return "length"
 
 
 def lay_logprobs(
