@@ -370,6 +370,7 @@ def test_settings_that_would_mistrain_are_refused(
         check_trainer_config(config)
 
 
+@pytest.mark.slow
 def test_the_loop_refuses_to_be_built_with_another_estimator(tmp_path: Path) -> None:
     """Built as veRL's worker builds it (its wrappers, hydra.utils.instantiate)."""
     import hydra
