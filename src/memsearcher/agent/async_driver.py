@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from operator import itemgetter
@@ -104,6 +104,26 @@ class SearchBatcher(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]]):
                 future.set_result(hits)
 
 
+async def drive(
+    episode: Episode,
+    generate: Callable[[Generate], Awaitable[Completion]],
+    search: Callable[[Search], Awaitable[Sequence[Hit]]],
+) -> Trajectory:
+    """Run one episode to its end, asking ``generate`` and ``search`` for what it requests.
+
+    The one loop over the episode protocol (``next_request`` / ``on_generation`` /
+    ``on_search`` / ``result``) that every async caller shares: ``run_async`` below, and the veRL
+    agent loop (``memsearcher.integrations.verl``), whose generations go to veRL's servers.
+    """
+    while (request := episode.next_request()) is not None:
+        if isinstance(request, Generate):
+            episode.on_generation(await generate(request))
+        elif isinstance(request, Search):
+            hits = await search(request)
+            episode.on_search(hits[: request.top_n])
+    return episode.result()
+
+
 async def run_async(
     episodes: Sequence[Episode],
     llm: AsyncLLM,
@@ -137,26 +157,25 @@ async def run_async(
     async def run_episode(
         index: int, episode: Episode, searcher: SearchBatcher | _Direct
     ) -> Trajectory:
+        calls = 0
+
+        async def generate(request: Generate) -> Completion:
+            nonlocal calls
+            # episode i's call k has its own stream, whatever the scheduling
+            seed = sampling.seed
+            if seed is not None:
+                seed = derive_seed(seed, index, calls)
+            params = replace(
+                sampling, max_new_tokens=request.max_new_tokens, stop=request.stop, seed=seed
+            )
+            calls += 1
+            return await llm.agenerate(request.prompt_ids, params)
+
+        async def search(request: Search) -> list[Hit]:
+            return await searcher.search(request.query, request.top_n)
+
         async with gate:
-            calls = 0
-            while (request := episode.next_request()) is not None:
-                if isinstance(request, Generate):
-                    # episode i's call k has its own stream, whatever the scheduling
-                    seed = sampling.seed
-                    if seed is not None:
-                        seed = derive_seed(seed, index, calls)
-                    params = replace(
-                        sampling,
-                        max_new_tokens=request.max_new_tokens,
-                        stop=request.stop,
-                        seed=seed,
-                    )
-                    calls += 1
-                    episode.on_generation(await llm.agenerate(request.prompt_ids, params))
-                elif isinstance(request, Search):
-                    hits = await searcher.search(request.query, request.top_n)
-                    episode.on_search(hits[: request.top_n])
-            trajectory = episode.result()
+            trajectory = await drive(episode, generate, search)
         if on_done is not None:
             on_done(index, trajectory)
         return trajectory

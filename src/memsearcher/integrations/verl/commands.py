@@ -1,0 +1,47 @@
+"""``memsearcher verl prepare``: FlashRAG questions to the parquet veRL trains on."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_verl_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "verl",
+        help="train on veRL: write its data files (see docs/training.md)",
+        description="Helpers for training our agents on veRL. The training itself runs with "
+        "`python -m memsearcher.integrations.verl.main` (configs/verl/).",
+    )
+    actions = parser.add_subparsers(dest="verl_command", required=True, metavar="ACTION")
+    prepare = actions.add_parser(
+        "prepare",
+        help="FlashRAG JSONL/parquet questions to veRL's parquet",
+        description="Write one veRL row per question (data_source, agent_name, prompt, "
+        "reward_model with the golden answers, extra_info with the question).",
+    )
+    prepare.add_argument("--data", required=True, help="a FlashRAG file, or a FlashRAG folder")
+    prepare.add_argument(
+        "--datasets", default=None, help="comma-separated names inside --data (default: all)"
+    )
+    prepare.add_argument("--agent", default="memsearcher", help="agent_name of every row")
+    prepare.add_argument("--split", default="train", help="written to extra_info.split")
+    prepare.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    prepare.add_argument("--out", required=True, help="the parquet file to write")
+    prepare.set_defaults(func=_prepare)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from memsearcher.agent import AGENTS
+    from memsearcher.data.flashrag import load_benchmarks
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.integrations.verl.data import verl_rows, write_parquet
+
+    if args.agent not in AGENTS:
+        raise MemSearcherError(f"--agent {args.agent!r}: choose one of {sorted(AGENTS)}")
+    names = [n for n in args.datasets.split(",") if n] if args.datasets else None
+    datasets = load_benchmarks(args.data, names, args.limit)
+    rows = verl_rows(datasets, args.agent, args.split)
+    out = write_parquet(rows, args.out)
+    counts = ", ".join(f"{name} {len(examples)}" for name, examples in datasets.items())
+    print(f"wrote {len(rows)} rows ({counts}) for agent {args.agent} to {out}")
+    return 0

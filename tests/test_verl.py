@@ -1,0 +1,475 @@
+"""Our agents inside veRL, driven through veRL's own classes on the CPU.
+
+The path is the V1 trainer's, step for step:
+
+- ``memsearcher verl prepare`` writes the parquet, and veRL's ``RLHFDataset`` and
+  ``collate_fn`` read it into the batch the trainer submits (a ``uid`` per question);
+- veRL's ``AgentLoopWorkerTQ`` (the class inside its Ray actor), built from a veRL config
+  composed from its own ``ppo_trainer.yaml``, loads our agent-loop YAML and runs
+  ``generate_sequences``: ``rollout.n`` sessions per question, each building our loop with
+  ``hydra.utils.instantiate`` and veRL's wrappers, awaiting ``run()``, then post-processing
+  the outputs (reward copied to every row, ``as_dict``, fields packed for TransferQueue);
+- generations go through veRL's ``LLMServerClient.generate`` to a replica over our HF backend
+  serving a real model (a tiny Llama, warm-started by SFT so that it searches);
+- the trainer's own ``_compute_advantage`` reads the rows back and runs
+  ``compute_advantage_for_multi_trajectories``.
+
+Stand-ins, because they need Ray actors or a GPU: the replica behind the client (our
+``HFModel`` instead of vLLM), TransferQueue's store (a dict, packed with TransferQueue's own
+packer), and the actor's old log-probs (a teacher-forced pass of the same model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="needs pip install 'memsearcher[verl]'")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from _servers import free_port, running  # noqa: E402
+from _verl_server import HFReplica, LocalServerClient, MemoryTQ  # noqa: E402
+from hydra import compose, initialize_config_module  # noqa: E402
+from tiny_model import save_tiny_model  # noqa: E402
+
+from memsearcher.agent import AGENTS, AgentConfig, Templates, run_lockstep, start_episodes  # noqa: E402
+from memsearcher.cli import main as cli  # noqa: E402
+from memsearcher.errors import MemSearcherError  # noqa: E402
+from memsearcher.integrations.verl import check_trainer_config  # noqa: E402
+from memsearcher.llm.base import SamplingParams  # noqa: E402
+from memsearcher.llm.hf import HFModel, HFTokenizer  # noqa: E402
+from memsearcher.llm.scripted import ScriptedLLM  # noqa: E402
+from memsearcher.retrieval.base import Retriever  # noqa: E402
+from memsearcher.retrieval.client import HTTPRetriever  # noqa: E402
+from memsearcher.rl.advantages import group_advantages  # noqa: E402
+from memsearcher.rl.config import SFTConfig, load_config  # noqa: E402
+from memsearcher.rl.rewards import trajectory_reward  # noqa: E402
+from memsearcher.rl.train_sft import train_sft  # noqa: E402
+from memsearcher.types import QAExample  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_LOOPS = ROOT / "configs" / "verl" / "agent_loop.yaml"
+TEMPLATES = {
+    "memsearcher_system": "Search, then answer in a box.",
+    "memsearcher_tool_response": (
+        "<tool_response>\n{passages}\n</tool_response>\nUpdate your memory."
+    ),
+}
+AGENT = {"max_turns": 2, "memory_tokens": 16, "max_new_tokens": 48, "top_n": 1}
+PLACES = ["France", "the Seine"]
+QUESTIONS = [QAExample(f"q{i}", f"Which city has {p}?", ("Paris",)) for i, p in enumerate(PLACES)]
+SFT_STEPS = 60  # measured: greedy then answers in 2 turns; at 0.7, 3 in 8 do
+
+
+def policy(answer: str):  # type: ignore[no-untyped-def]
+    """Search once with a fixed query, keep a fixed memory, then answer ``answer``."""
+    call = '{"name": "wikipedia_search", "arguments": {"query": "landmarks of the city"}}'
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        if "</memory>" in params.stop:
+            return "<memory> noted </memory>"
+        if "<memory> noted </memory>" in prompt:
+            return f"<think> done </think>\n\\boxed{{{answer}}}"
+        return f"<think> search </think>\n<tool_call>{call}</tool_call>"
+
+    return reply
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory, retriever: Retriever) -> Path:
+    """A tiny Llama taught the protocol by a short SFT, answering Paris or London: it searches,
+    so rows carry tool responses (mask 0), and sampled groups disagree on the answer."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("verl-model")
+    tiny = save_tiny_model(folder / "tiny")
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(tiny))
+    trajectories = []
+    for answer in ("Paris", "London"):
+        episodes = start_episodes(
+            "memsearcher", QUESTIONS, tokenizer, AgentConfig(**AGENT), Templates(**TEMPLATES)
+        )
+        trajectories += run_lockstep(
+            episodes, ScriptedLLM(tokenizer, policy(answer)), retriever, SamplingParams()
+        )
+    data = folder / "sft.jsonl"
+    data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
+    sft = load_config(
+        SFTConfig,
+        None,
+        [f"data={data}", f"output_dir={folder / 'sft'}", f"model.path={tiny}", "model.device=cpu",
+         f"steps={SFT_STEPS}", "sequences_per_step=8", "optim.lr=5e-3",
+         f"save_every={SFT_STEPS}", "tensorboard=false"],
+    )  # fmt: skip
+    train_sft(sft)
+    return folder / "sft" / f"step-{SFT_STEPS}" / "model"
+
+
+@pytest.fixture(scope="module")
+def llm(warm: Path) -> HFModel:
+    return HFModel.from_pretrained(str(warm), device="cpu")
+
+
+def prepare(folder: Path, agent: str) -> Path:
+    """The questions as FlashRAG JSONL, turned into veRL's parquet by our CLI."""
+    jsonl = folder / "questions.jsonl"
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {"id": q.id, "question": q.question, "golden_answers": list(q.golden_answers)}
+            )
+            + "\n"
+            for q in QUESTIONS
+        )
+    )
+    out = folder / f"{agent}.parquet"
+    assert cli(["verl", "prepare", "--data", str(jsonl), "--agent", agent, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def retrieval_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real retrieval server (embedded BM25) on 127.0.0.1, as on a cluster."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve", "--port", str(port)]
+    log = tmp_path_factory.mktemp("retriever") / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    with running(command, f"{url}/health", log, env):
+        yield url
+
+
+def agent_loops(folder: Path, templates: Path, retriever: str | None) -> Path:
+    """The shipped agent-loop YAML with the tiny setup's agent settings and templates; names,
+    classes and the retriever setting are the shipped ones (None: the in-process BM25)."""
+    entries = yaml.safe_load(SHIPPED_LOOPS.read_text())
+    for entry in entries:
+        entry["agent_config"] = dict(AGENT)
+        entry["templates"] = str(templates)
+        if retriever is None:
+            entry["retriever"] = None
+    path = folder / "agent_loop.yaml"
+    path.write_text(yaml.safe_dump(entries))
+    return path
+
+
+def verl_config(model: Path, loops: Path, *overrides: str) -> Any:
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model}",
+                "actor_rollout_ref.rollout.name=vllm",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                "algorithm.adv_estimator=grpo",
+                "data.max_prompt_length=1024",
+                "data.max_response_length=1024",
+                *overrides,
+            ],
+        )
+
+
+@pytest.fixture()
+def store(monkeypatch: pytest.MonkeyPatch) -> MemoryTQ:
+    from verl.trainer.ppo.v1 import agent_loop_tq, trainer_base
+
+    memory = MemoryTQ()
+    monkeypatch.setattr(agent_loop_tq, "tq", memory)
+    monkeypatch.setattr(trainer_base, "tq", memory)
+    return memory
+
+
+def rollout(config: Any, llm: HFModel, parquet: Path) -> tuple[Any, LocalServerClient]:
+    """Submit every question of ``parquet`` as the V1 trainer does; wait for all sessions."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    client = LocalServerClient(config, HFReplica(llm, global_steps=1))
+    worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client)
+    dataset = RLHFDataset(str(parquet), worker.tokenizer, config.data)
+    batch_dict = collate_fn([dataset[i] for i in range(len(dataset))])
+    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(dataset))], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+
+    async def submit() -> None:
+        await worker.generate_sequences(batch)
+        await asyncio.gather(*list(worker.background_tasks))
+
+    asyncio.run(submit())
+    return batch, client
+
+
+def sessions(store: MemoryTQ) -> dict[str, list[str]]:
+    """Row keys ``{uid}_{session}_{row}`` by session, rows in order."""
+    found: dict[str, list[str]] = {}
+    for key in sorted(store.rows, key=lambda k: (k.rsplit("_", 1)[0], int(k.rsplit("_", 1)[1]))):
+        found.setdefault(key.rsplit("_", 1)[0], []).append(key)
+    return found
+
+
+def row_logprobs(
+    llm: HFModel, prompt: torch.Tensor, response: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """(len(response),) log-probs of a row's response tokens in one teacher-forced pass: what
+    veRL's actor computes as old log-probs."""
+    replica = HFReplica(llm)
+    return torch.tensor(replica.logprobs(prompt.tolist(), response.tolist(), temperature))
+
+
+def write_templates(folder: Path) -> Path:
+    path = folder / "templates.yaml"
+    path.write_text(yaml.safe_dump(TEMPLATES))
+    return path
+
+
+def test_shipped_agent_loops_cover_every_agent() -> None:
+    entries = yaml.safe_load(SHIPPED_LOOPS.read_text())
+    names = {entry["name"] for entry in entries}
+    assert set(AGENTS) <= names, f"configs/verl/agent_loop.yaml lacks {set(AGENTS) - names}"
+    for entry in entries:
+        assert entry["name"] == entry["agent"]
+        assert entry["_target_"] == "memsearcher.integrations.verl.agent_loop.MemSearcherAgentLoop"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+def test_greedy_rows_equal_the_lockstep_driver(
+    agent: str,
+    warm: Path,
+    llm: HFModel,
+    retrieval_server: str,
+    store: MemoryTQ,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under greedy decoding each question's rows are, token for token, the training sequences
+    our lockstep driver produces, searching the same retrieval server over HTTP; the reward is
+    ``trajectory_reward``."""
+    monkeypatch.setenv("MEMSEARCHER_RETRIEVER", retrieval_server)  # read by the shipped YAML
+    loops = agent_loops(tmp_path, write_templates(tmp_path), retriever=retrieval_server)
+    config = verl_config(
+        warm, loops, "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.temperature=0"
+    )
+    rollout(config, llm, prepare(tmp_path, agent))
+
+    with HTTPRetriever(retrieval_server) as http:
+        episodes = start_episodes(
+            agent, QUESTIONS, llm.tokenizer, AgentConfig(**AGENT), Templates(**TEMPLATES),
+            llm.max_context_tokens,
+        )  # fmt: skip
+        expected = {t.example.id: t for t in run_lockstep(episodes, llm, http, SamplingParams())}
+
+    found = sessions(store)
+    assert len(found) == len(QUESTIONS)
+    for keys in found.values():
+        rows = [store.rows[k] for k in keys]
+        trajectory = expected[rows[0]["extra_info"]["id"]]
+        assert len(rows) == len(trajectory.sequences)
+        for row, sequence in zip(rows, trajectory.sequences, strict=True):
+            assert row["prompts"].tolist() == list(sequence.prompt_ids)
+            assert row["responses"].tolist() == list(sequence.response_ids)
+            assert row["response_mask"].tolist() == list(sequence.loss_mask)
+            assert row["num_turns"] == len(trajectory.turns)
+            # veRL copies the final row's reward to every row; rm_scores holds it on the last token
+            assert row["rm_scores"][-1].item() == pytest.approx(trajectory_reward(trajectory))
+            assert row["rm_scores"][:-1].abs().sum() == 0
+        info = rows[-1]["extra_fields"]["reward_extra_info"]
+        assert info["score"] == pytest.approx(trajectory_reward(trajectory))
+        assert info["turns"] == len(trajectory.turns)
+        assert info["searches"] == trajectory.num_searches
+        assert info["end_reason"] == trajectory.end_reason
+    if agent == "memsearcher":  # the warm-up taught this protocol: some turns searched
+        assert any(0 in store.rows[k]["response_mask"].tolist() for k in store.rows)
+
+
+@pytest.mark.slow
+def test_group_advantages_reach_every_turn_row(
+    warm: Path, llm: HFModel, store: MemoryTQ, tmp_path: Path
+) -> None:
+    """Sampled groups, advantages by veRL's trainer: every row of a trajectory carries the
+    trajectory's GRPO advantage on its mask-1 tokens and 0 under mask 0, and it equals our own
+    ``group_advantages`` over ``trajectory_reward``; rollout log-probs line up with the row."""
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    group = 4
+    loops = agent_loops(tmp_path, write_templates(tmp_path), retriever=None)  # in-process BM25
+    config = verl_config(
+        warm, loops, f"actor_rollout_ref.rollout.n={group}",
+        "actor_rollout_ref.rollout.temperature=0.7",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    _, client = rollout(config, llm, prepare(tmp_path, "memsearcher"))
+    found = sessions(store)
+    assert len(found) == len(QUESTIONS) * group
+    # one request id per trajectory (veRL keeps it on one server), reused by each of its calls
+    assert len(set(client.sessions)) == len(found) <= len(client.sessions)
+
+    for key, row in store.rows.items():  # the actor's old log-probs, as the trainer would have
+        old = row_logprobs(llm, row["prompts"], row["responses"], temperature=0.7)
+        mask = row["response_mask"].bool()
+        assert torch.allclose(row["rollout_log_probs"][mask], old[mask], atol=1e-4), key
+        assert (row["rollout_log_probs"][~mask] == 0).all()
+        row["old_log_probs"] = old
+
+    keys = list(store.rows)
+    trainer = PPOTrainerSync.__new__(PPOTrainerSync)  # only its config is read here
+    trainer.config = config
+    trainer._compute_advantage(
+        KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train"), {}
+    )
+
+    by_question: dict[str, list[str]] = {}
+    for session in found:
+        by_question.setdefault(session.rsplit("_", 1)[0], []).append(session)
+    nonzero = multi_row = masked = 0
+    for members in by_question.values():
+        members.sort(key=lambda s: int(s.rsplit("_", 1)[1]))
+        rewards = torch.tensor([store.rows[found[s][-1]]["rm_scores"][-1].item() for s in members])
+        expected, _ = group_advantages(rewards, group)
+        for session, advantage in zip(members, expected.tolist(), strict=True):
+            multi_row += len(found[session]) > 1
+            nonzero += advantage != 0
+            for key in found[session]:
+                row = store.rows[key]
+                mask = row["response_mask"].bool()
+                assert torch.allclose(row["advantages"][mask], torch.tensor(advantage), atol=1e-5)
+                assert (row["advantages"][~mask] == 0).all()
+                masked += int((~mask).sum())
+    assert nonzero and multi_row and masked, (nonzero, multi_row, masked)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("algorithm.adv_estimator=rloo", "adv_estimator=rloo"),
+        ("algorithm.adv_estimator=gae", "adv_estimator=gae"),
+        ("algorithm.adv_estimator=grpo_vectorized", "N times"),
+        ("trainer.use_v1=false", "trainer.use_v1=false"),
+        ("algorithm.use_kl_in_reward=true", "use_kl_in_reward"),
+    ],
+)
+def test_settings_that_would_mistrain_are_refused(
+    override: str, needle: str, tmp_path: Path
+) -> None:
+    config = verl_config(tmp_path / "model", SHIPPED_LOOPS, override)
+    with pytest.raises(MemSearcherError, match=needle):
+        check_trainer_config(config)
+
+
+@pytest.mark.slow
+def test_the_loop_refuses_to_be_built_with_another_estimator(tmp_path: Path) -> None:
+    """Built as veRL's worker builds it (its wrappers, hydra.utils.instantiate)."""
+    import hydra
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tiny = save_tiny_model(tmp_path / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    entry = OmegaConf.load(SHIPPED_LOOPS)[0]
+
+    def build(*overrides: str) -> Any:
+        config = verl_config(tiny, SHIPPED_LOOPS, *overrides)
+        return hydra.utils.instantiate(
+            config=entry, trainer_config=DictConfigWrap(config=config), server_manager=None,
+            tokenizer=tokenizer, processor=None, hf_model_type="llama", dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data), tools=ToolListWrap([]),
+        )  # fmt: skip
+
+    assert build().agent == "memsearcher"  # the control: grpo builds
+    with pytest.raises(Exception, match="only grpo is supported") as caught:
+        build("algorithm.adv_estimator=reinforce_plus_plus")
+    assert "independent sample" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_entry_point_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """``python -m memsearcher.integrations.verl.main`` stops with our message and exit code 2
+    before Ray or any model starts."""
+    command = [
+        sys.executable, "-m", "memsearcher.integrations.verl.main",
+        "algorithm.adv_estimator=gae", "actor_rollout_ref.model.path=/nonexistent",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={SHIPPED_LOOPS}",
+        f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "memsearcher: error:" in result.stderr
+    assert "algorithm.adv_estimator=gae" in result.stderr
+    assert "ray init" not in result.stdout
+
+
+def test_length_bias_of_verl_loss_aggregation() -> None:
+    """The numbers docs/training.md gives, from veRL's own ``agg_loss``: the gradient weight of
+    a 1-turn trajectory (150 generated tokens) and of a 5-turn one (4 x 300 + 150) in one
+    batch. With a per-row weight of 1/turns (not in veRL 0.9.1) both would weigh the same."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    lengths = [150, 300, 300, 300, 300, 150]  # row 0: trajectory A; rows 1-5: trajectory B
+    mask = torch.zeros(len(lengths), max(lengths))
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    shares = {}
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        weights = torch.ones_like(mask, requires_grad=True)
+        agg_loss(loss_mat=weights, loss_mask=mask, loss_agg_mode=mode).backward()
+        per_row = weights.grad.sum(dim=1)  # type: ignore[union-attr]
+        shares[mode] = (per_row[1:].sum() / per_row[0]).item()
+    assert shares["token-mean"] == pytest.approx(9.0)
+    assert shares["seq-mean-token-mean"] == pytest.approx(5.0)
+    assert shares["seq-mean-token-sum"] == pytest.approx(9.0)
+
+
+def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> None:
+    """configs/verl/grpo-qwen2.5-3b.yaml composes over veRL's own schema with the launch
+    script's overrides (two nodes), passes the checks veRL's main_ppo runs first, and ours."""
+    from hydra import initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs" / "verl"), version_base=None):
+        config = compose(
+            config_name="grpo-qwen2.5-3b",
+            overrides=[
+                f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'tiny')}",
+                "trainer.nnodes=2",
+                "+ray_kwargs.ray_init.address=auto",
+                "+ray_kwargs.ray_init.runtime_env.env_vars.MEMSEARCHER_RETRIEVER=http://10.0.0.2:8000",
+            ],
+        )
+    validate_config(
+        config=config, use_reference_policy=need_reference_policy(config), use_critic=False
+    )
+    assert not need_critic(config)
+    check_trainer_config(config)
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (actor.optim.lr, config.data.train_batch_size, actor.ppo_mini_batch_size) == (
+        1e-6, 256, 128,
+    )  # fmt: skip
+    assert (rollout.n, rollout.temperature, rollout.top_p) == (5, 1.0, 0.99)
+    assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (
+        True,
+        "low_var_kl",
+        0.001,
+    )
+    assert omega_conf_to_dataclass(rollout).max_model_len == 4096
+    env = config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.MEMSEARCHER_RETRIEVER == "http://10.0.0.2:8000"
+    (entry,) = [e for e in yaml.safe_load(SHIPPED_LOOPS.read_text()) if e["name"] == "memsearcher"]
+    assert entry["agent_config"]["max_turns"] == 5  # the paper's 5 turns
