@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Completion, SamplingParams
+from memsearcher.llm.decode import decode
 
 logger = logging.getLogger(__name__)
 
@@ -210,53 +210,25 @@ class HFModel:
                 results[i] = completion
         return [c for c in results if c is not None]
 
-    @torch.no_grad()
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]:
-        pad = self._tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError("cannot generate from an empty prompt")
-            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
-            attention_mask[row, width - len(prompt) :] = 1
-        with plain_sampling(self.model):
-            output = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                generation_config=self.generation_config(params),
-                stopping_criteria=[_StopStrings(self._tokenizer, params.stop, width)]
-                if params.stop
-                else None,
-            )
-        generated = output[:, width:].tolist()
+        window = max((len(s) for s in params.stop), default=0) + 1
+
+        def stopped(tokens: list[int]) -> bool:
+            # a stop string the newest token completed spans at most its length in tokens
+            if not params.stop:
+                return False
+            tail = self._tokenizer.decode(tokens[-window:])
+            return any(s in tail for s in params.stop)
+
+        eos, pad = self._tokenizer.eos_token_ids, self._tokenizer.pad_token_id
+        generated = decode(self.model, prompts, params, eos, pad, stopped)
         return [self._finish(row, params) for row in generated]
 
-    def generation_config(self, params: SamplingParams) -> Any:
-        """transformers' config for ``params``: greedy, or softmax(logits / temperature) within
-        the top-p nucleus, and no other logits processor (`plain_sampling`)."""
-        from transformers import GenerationConfig
-
-        sampling = params.temperature > 0
-        return GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=sampling,
-            temperature=params.temperature if sampling else None,
-            top_p=params.top_p if sampling else None,
-            top_k=0 if sampling else None,
-            eos_token_id=sorted(self._tokenizer.eos_token_ids),
-            pad_token_id=self._tokenizer.pad_token_id,
-        )
-
     def _finish(self, tokens: list[int], params: SamplingParams) -> Completion:
-        """Cut one row of batched output where its own generation ended.
-
-        Finished rows are padded with the pad token, which is often the EOS token, so a stop
-        string is looked for first, and only before the first EOS.
-        """
+        """One row's completion: cut right after the token that completed a stop string, or
+        after the EOS token (a stop string is looked for first, and only before the EOS)."""
         eos = self._tokenizer.eos_token_ids
         first_eos = next((k for k, t in enumerate(tokens) if t in eos), len(tokens))
         stop_end = self._stop_string_end(tokens[:first_eos], params.stop)
@@ -283,45 +255,3 @@ class HFModel:
             else:
                 low = middle + 1
         return low
-
-
-@contextmanager
-def plain_sampling(model: Any) -> Iterator[None]:
-    """Generate with no defaults from the checkpoint's ``generation_config``.
-
-    transformers fills every field a passed config leaves unset from the checkpoint's
-    generation_config, so Qwen2.5-Instruct's ``repetition_penalty=1.05`` (or a ``top_k``,
-    ``min_p``, ``no_repeat_ngram_size``...) would reshape the distribution rollouts are drawn
-    from, while the learner's log-probs are plain softmax(logits / T). For the call, the model
-    gets an empty generation_config, so the one we pass is the whole story.
-    """
-    from transformers import GenerationConfig
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = base.generation_config
-    base.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        base.generation_config = saved
-
-
-class _StopStrings:
-    """Stops each row once its generated text contains a stop string.
-
-    transformers' own ``stop_strings`` precomputes tables over the whole vocabulary, which costs
-    tens of seconds per stop set on a CPU; decoding the last few tokens of each row is enough,
-    because a stop string that the newest token completed spans at most ``len(stop)`` tokens.
-    """
-
-    def __init__(self, tokenizer: HFTokenizer, stop: Sequence[str], prompt_width: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = tuple(stop)
-        self.window = max(len(s) for s in stop) + 1
-        self.prompt_width = prompt_width
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
-        start = max(self.prompt_width, input_ids.shape[1] - self.window)
-        tails = input_ids[:, start:].tolist()
-        done = [any(s in self.tokenizer.decode(tail) for s in self.stop) for tail in tails]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
