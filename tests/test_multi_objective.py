@@ -193,3 +193,35 @@ def test_single_questions_are_shown_as_before(tokenizer: Tokenizer, retriever: R
     (trajectory,) = run_lockstep([episode], llm, retriever, SamplingParams())
     prompt = tokenizer.decode(trajectory.sequences[0].prompt_ids)
     assert "<question> What is the capital of France? </question>" in prompt
+
+
+def test_report_plots_peak_tokens_against_n(
+    tokenizer: Tokenizer, retriever: Retriever, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One search per objective: ReAct's peak context grows with N, MEM1's and MemSearcher's
+    stay flat (the scripted note is capped, as a trained memory would be)."""
+    questions = [QAExample(f"q{i}", f"Question number {i}?", ("x",)) for i in range(8)]
+    runs = []
+    for agent in ("memsearcher", "react", "mem1"):
+        for n in (1, 2, 4):
+            reply = search_then_answer(n, "; ".join(["x"] * n), memory_words=30)
+            config = EvalConfig(agent=agent, max_turns=n + 1, top_n=3)
+            out = tmp_path / f"{agent}-{n}"
+            tasks = compose(questions, n, 0)[:2]
+            llm = ScriptedLLM(tokenizer, reply)
+            run_eval({"toy": tasks}, llm, retriever, config, out, progress=False)
+            runs.append(str(out))
+    from memsearcher.eval.report import load_rows, objective_points
+
+    rows = load_rows(runs)
+    assert all(r["em"] == r["objectives"] for r in rows)  # every answer right: EM = N
+    peaks = {agent: dict(points) for agent, points in objective_points(rows, "peak_tokens").items()}
+    assert peaks["react"][4.0] > 2 * peaks["react"][1.0]
+    for agent in ("memsearcher", "mem1"):
+        assert peaks[agent][4.0] < 1.3 * peaks[agent][1.0]
+    plots = tmp_path / "plots"
+    assert main(["eval", "report", *runs, "--plots", str(plots)]) == 0
+    table = capsys.readouterr().out
+    assert "peak tok" in table and "4.000" in table  # summed EM of a 4-objective row
+    for name in ("peak_tokens_by_objectives.png", "em_by_objectives.png"):
+        assert (plots / name).stat().st_size > 1000

@@ -118,7 +118,8 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         "report",
         help="compare evaluation runs in a table and plot tokens per turn",
         description="Print EM/F1/ACC and context sizes of runs across datasets, and draw the "
-        "prompt tokens of each turn.",
+        "prompt tokens of each turn; for runs at several numbers of objectives (--objectives), "
+        "also peak tokens and EM against N, one line per agent.",
     )
     report.add_argument("runs", nargs="+", metavar="DIR", help="run folders (eval --out)")
     report.add_argument("--plots", default="eval-report", help="folder for the plots")
@@ -188,7 +189,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    from memsearcher.eval.report import draw_token_plots, format_table, load_rows
+    from memsearcher.eval.report import (
+        draw_objective_plots,
+        draw_token_plots,
+        format_table,
+        load_rows,
+    )
 
     rows = load_rows(args.runs)
     if args.json:
@@ -197,6 +203,6 @@ def run_report_command(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows))
     if not args.no_plots:
-        for path in draw_token_plots(rows, args.plots):
+        for path in draw_token_plots(rows, args.plots) + draw_objective_plots(rows, args.plots):
             print(f"plot: {path}", file=sys.stderr)
     return 0
