@@ -199,3 +199,15 @@ def test_mem1_parser_never_raises(text: str) -> None:
     if isinstance(result, ParsedAction):
         after = text[text.index("</think>") :]
         assert after.count("<search>") + after.count("<answer>") == 1
+
+
+@pytest.mark.parametrize("command", [["ask", "Who?"], ["eval", "--data", "x", "--out", "y"]])
+def test_an_unknown_agent_fails_before_anything_loads(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memsearcher.cli import main
+
+    assert main([*command, "--agent", "mem2"]) == 2
+    assert "unknown agent 'mem2'; choose one of ['mem1', 'memsearcher', 'react']" in (
+        capsys.readouterr().err
+    )
