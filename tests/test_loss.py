@@ -344,3 +344,23 @@ def test_rejects_bad_arguments() -> None:
         policy_loss(x, x, torch.zeros(2), torch.ones(2, 4), 0.2, 0.2)
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), 0.0)
+
+
+def test_per_token_advantages_equal_broadcast_ones() -> None:
+    """(B, T) advantages (PPO) that repeat each row's value give the (B,) result exactly; a
+    token's own advantage drives its gradient; masked positions (even NaN) change nothing."""
+    generator = torch.Generator().manual_seed(3)
+    logprobs = (-torch.rand(2, 4, generator=generator, dtype=torch.float64)).requires_grad_()
+    old = logprobs.detach() + 0.05 * torch.randn(2, 4, generator=generator, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1]], dtype=torch.float64)
+    per_row = torch.tensor([0.7, -1.2], dtype=torch.float64)
+    broadcast, _ = policy_loss(logprobs, old, per_row, mask, 0.2, 0.2)
+    tokens = per_row[:, None].expand(2, 4).clone()
+    tokens[0, 2] = float("nan")  # masked: must not leak
+    per_token, _ = policy_loss(logprobs, old, tokens, mask, 0.2, 0.2)
+    assert per_token.item() == pytest.approx(broadcast.item(), rel=1e-12)
+    varied = torch.tensor([[1.0, -2.0, 0.0, 3.0], [0.0, 0.5, -0.5, 2.0]], dtype=torch.float64)
+    loss, _ = policy_loss(logprobs, logprobs.detach(), varied, mask, 0.2, 0.2)
+    loss.backward()
+    # at ratio 1 the token-mean gradient is -A_k / (masked tokens)
+    torch.testing.assert_close(logprobs.grad, -varied * mask / mask.sum())

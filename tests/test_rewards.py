@@ -95,7 +95,7 @@ def test_em_and_f1_variants(trajectory: Trajectory, em: float, f1: float) -> Non
 
 
 def test_registry() -> None:
-    assert set(REWARDS) == {"graded", "em", "f1"}
+    assert set(REWARDS) == {"graded", "em", "f1", "multi-em", "multi-f1"}
     assert get_reward("graded") is trajectory_reward
     for name, fn in REWARDS.items():
         assert get_reward(name) is fn

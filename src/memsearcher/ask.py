@@ -18,7 +18,11 @@ def add_ask_command(commands: argparse._SubParsersAction) -> None:
         "the rewritten memory and the context size.",
     )
     parser.add_argument("question")
-    parser.add_argument("--agent", choices=["memsearcher", "react"], default="memsearcher")
+    parser.add_argument(
+        "--agent",
+        default="memsearcher",
+        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
+    )
     parser.add_argument(
         "--model", default="embedded", help="'embedded' (SmolLM2-135M), an HF folder or hub id"
     )
@@ -40,7 +44,13 @@ def add_ask_command(commands: argparse._SubParsersAction) -> None:
 def run_ask(args: argparse.Namespace) -> int:
     import sys
 
-    from memsearcher.agent import AgentConfig, load_templates, run_lockstep, start_episodes
+    from memsearcher.agent import (
+        AgentConfig,
+        agent_type,
+        load_templates,
+        run_lockstep,
+        start_episodes,
+    )
     from memsearcher.errors import MemSearcherError
     from memsearcher.llm import SamplingParams, load_llm
     from memsearcher.retrieval import open_retriever
@@ -49,6 +59,7 @@ def run_ask(args: argparse.Namespace) -> int:
 
     if not args.question.strip():
         raise MemSearcherError("the question is empty")
+    agent_type(args.agent)  # an unknown agent fails before the model loads
     try:
         config = AgentConfig(
             max_turns=args.max_turns,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from memsearcher.api.commands import add_serve_command
 from memsearcher.ask import add_ask_command
+from memsearcher.data.commands import add_data_command
 from memsearcher.demo.commands import add_demo_command
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.commands import add_eval_command
@@ -37,6 +38,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_retriever_command,
     add_train_command,
     add_eval_command,
+    add_data_command,
     add_serve_command,
     add_demo_command,
     add_verl_command,

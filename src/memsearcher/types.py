@@ -17,6 +17,18 @@ class QAExample:
     golden_answers: tuple[str, ...]
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def objectives(self) -> tuple[tuple[str, ...], ...]:
+        """The gold answers of each objective, in order.
+
+        A composed multi-objective task (MEM1's; ``memsearcher.data.compose``) lists its
+        questions under ``metadata["objectives"]``; any other example is one objective.
+        """
+        composed = self.metadata.get("objectives")
+        if not composed:
+            return (self.golden_answers,)
+        return tuple(tuple(objective["golden_answers"]) for objective in composed)
+
 
 @dataclass(frozen=True)
 class Hit:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import AgentConfig, Episode, Generate, Request, Search
 from memsearcher.agent.driver import run_lockstep
+from memsearcher.agent.mem1 import Mem1Episode
 from memsearcher.agent.memory_agent import MemSearcherEpisode
 from memsearcher.agent.prompts import Templates, load_templates
 from memsearcher.agent.react import ReActEpisode
@@ -18,17 +19,30 @@ __all__ = [
     "AgentConfig",
     "Episode",
     "Generate",
+    "Mem1Episode",
     "MemSearcherEpisode",
     "ReActEpisode",
     "Request",
     "Search",
     "Templates",
+    "agent_type",
     "load_templates",
     "run_lockstep",
     "start_episodes",
 ]
 
-AGENTS: dict[str, type[Episode]] = {"memsearcher": MemSearcherEpisode, "react": ReActEpisode}
+AGENTS: dict[str, type[Episode]] = {
+    "memsearcher": MemSearcherEpisode,
+    "react": ReActEpisode,
+    "mem1": Mem1Episode,
+}
+
+
+def agent_type(agent: str) -> type[Episode]:
+    """The episode class registered as ``agent``; a clear error naming the others if none is."""
+    if agent not in AGENTS:
+        raise MemSearcherError(f"unknown agent {agent!r}; choose one of {sorted(AGENTS)}")
+    return AGENTS[agent]
 
 
 def start_episodes(
@@ -40,9 +54,7 @@ def start_episodes(
     max_context_tokens: int | None = None,
 ) -> list[Episode]:
     """One fresh episode of ``agent`` per example."""
-    if agent not in AGENTS:
-        raise MemSearcherError(f"unknown agent {agent!r}; choose one of {sorted(AGENTS)}")
-    episode_type = AGENTS[agent]
+    episode_type = agent_type(agent)
     config = config or AgentConfig()
     templates = templates or Templates()
     return [

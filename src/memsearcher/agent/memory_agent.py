@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import ACTION_STOP, MEMORY_STOP, Episode
 from memsearcher.agent.parsing import ParseFailure, parse_memory
-from memsearcher.agent.prompts import format_tools
+from memsearcher.agent.prompts import format_tools, question_text
 from memsearcher.llm.base import Completion
 from memsearcher.retrieval import format_hits
 from memsearcher.types import Hit
@@ -27,7 +27,7 @@ class MemSearcherEpisode(Episode):
     def _begin_turn(self) -> None:
         system = self.templates.memsearcher_system.format(tools=format_tools(self.config.top_n))
         user = self.templates.memsearcher_user.format(
-            question=self.example.question, memory=self.memory
+            question=question_text(self.example, self.templates), memory=self.memory
         )
         self.render_prompt(
             [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -2,8 +2,9 @@
 
 The model writes ``<think> ... </think>`` followed by exactly one action: a
 ``<tool_call>{json}</tool_call>`` or an answer containing ``\\boxed{...}``. After a tool call it
-writes ``<memory> ... </memory>``. Every parser returns a value or a ``ParseFailure`` and never
-raises, whatever the text: model output is arbitrary.
+writes ``<memory> ... </memory>``. MEM1's protocol writes its action as ``<search> query
+</search>`` or ``<answer> a1; a2 </answer>`` instead (`parse_mem1_action`). Every parser returns
+a value or a ``ParseFailure`` and never raises, whatever the text: model output is arbitrary.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "ToolCall",
     "extract_boxed",
     "parse_action",
+    "parse_mem1_action",
     "parse_memory",
     "parse_think",
     "parse_tool_call",
@@ -38,6 +40,9 @@ ParseFailureKind = Literal[
     "empty_answer",
     "missing_memory",
     "unclosed_memory",
+    "multiple_actions",
+    "unclosed_action",
+    "empty_query",
 ]
 
 
@@ -215,3 +220,36 @@ def parse_action(text: str, tool_name: str = "wikipedia_search") -> ParsedAction
     if not answer:
         return ParseFailure("empty_answer", "the \\boxed{} answer is empty")
     return ParsedAction(think, FinalAnswer(answer))
+
+
+def parse_mem1_action(text: str) -> ParsedAction | ParseFailure:
+    """MEM1: the internal state ``<think> ... </think>``, then exactly one ``<search> query
+    </search>`` or ``<answer> ... </answer>`` (MIT-MI/MEM1, ``generation_think.py``).
+
+    The release takes the first of either tag wherever it appears; here the action must come
+    after the internal state and be the only one, as in the other agents' protocol.
+    """
+    found = _tagged(text, "think", "missing_think", "unclosed_think")
+    if isinstance(found, ParseFailure):
+        return found
+    think, end = found
+    after = text[end:]
+    searches, answers = after.count("<search>"), after.count("<answer>")
+    if searches and answers:
+        return ParseFailure("ambiguous_action", "both a <search> and an <answer>")
+    if searches + answers == 0:
+        return ParseFailure("no_action", "neither <search> nor <answer> after </think>")
+    if searches + answers > 1:
+        return ParseFailure("multiple_actions", f"{searches + answers} actions, expected 1")
+    tag = "search" if searches else "answer"
+    action = _tagged(after, tag, "no_action", "unclosed_action")
+    if isinstance(action, ParseFailure):
+        return action
+    content = action[0]
+    if tag == "search":
+        if not content:
+            return ParseFailure("empty_query", "the <search> query is empty")
+        return ParsedAction(think, ToolCall(query=content, top_n=None))
+    if not content:
+        return ParseFailure("empty_answer", "the <answer> is empty")
+    return ParsedAction(think, FinalAnswer(content))

@@ -1,8 +1,9 @@
 """Every text the agents show the model, in one place.
 
-The tags (``<think>``, ``<tool_call>``, ``<tool_response>``, ``<memory>``, ``\\boxed{}``) and the
-roles are fixed by the protocol: released checkpoints depend on them. The wording around them is
-ours, and a user can override any template from a YAML or JSON file (`load_templates`).
+The tags (``<think>``, ``<tool_call>``, ``<tool_response>``, ``<memory>``, ``\\boxed{}``; MEM1's
+``<search>``, ``<answer>``, ``<information>`` and ``[HINT]``) and the roles are fixed by the
+protocols: released checkpoints depend on them. The wording around them is ours, and a user can
+override any template from a YAML or JSON file (`load_templates`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
+from memsearcher.types import QAExample
 
 TOOL_NAME = "wikipedia_search"
 
@@ -85,6 +87,29 @@ Example final turn:
 The answer is \\boxed{{William Shakespeare}}"""
 )
 
+# MEM1 puts its instructions and the questions in one user message (MIT-MI/MEM1,
+# gen_data/data_process/qa_search_*_multi.py); the wording here is ours.
+MEM1_USER = """\
+Answer the questions below by searching Wikipedia, one step at a time. At each step you see \
+only the questions, your previous step and the search results it brought back, so carry \
+forward everything you need yourself.
+
+At every step:
+1. Reason inside <think> </think>, and keep there a cumulative summary: every fact found so \
+far in earlier <think> and <information> blocks, and the answers already known.
+2. Then do exactly one of:
+- search: a short keyword query for one question inside <search> </search>; the results come \
+back inside <information> </information>
+- answer: once every question is answered, the answers in order, separated by semicolons, \
+inside <answer> </answer>, e.g. <answer> Paris; 1889 </answer>
+
+Questions: {questions}"""
+
+MULTI_QUESTION = (
+    "Answer these {count} questions in order, all in one \\boxed{{}} with the answers "
+    "separated by semicolons, e.g. \\boxed{{answer 1; answer 2}}: {questions}"
+)
+
 
 @dataclass(frozen=True)
 class Templates:
@@ -106,6 +131,19 @@ class Templates:
     """The ReAct baseline's first user message."""
     react_tool_response: str = "<tool_response>\n{passages}\n</tool_response>"
     """Search results in the ReAct conversation."""
+    multi_question: str = MULTI_QUESTION
+    """MemSearcher's and ReAct's question when a task has several objectives (``{count}``
+    of them, ``{questions}`` joined by "; ")."""
+    mem1_user: str = MEM1_USER
+    """MEM1's one user message: instructions and ``{questions}``."""
+    mem1_information: str = "\n\n<information>{hint}\n\n{passages}</information>\n\n"
+    """MEM1's observation, appended to its response as it is (no chat-template glue)."""
+    mem1_hint: str = "[HINT]You have {turns_left} turns left.[/HINT]"
+    """The turns-left hint at the head of each observation."""
+    mem1_last_hint: str = (
+        "[HINT]You have 1 turn left. You must answer the question in the next turn.[/HINT]"
+    )
+    """The hint before the last turn."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -131,6 +169,11 @@ _FIELDS = {
     "react_system": {"tools"},
     "react_user": {"question"},
     "react_tool_response": {"passages"},
+    "multi_question": {"count", "questions"},
+    "mem1_user": {"questions"},
+    "mem1_information": {"hint", "passages"},
+    "mem1_hint": {"turns_left"},
+    "mem1_last_hint": set(),
 }
 
 
@@ -161,3 +204,19 @@ def load_templates(path: str | Path | None = None) -> Templates:
 
 def format_tools(default_top_n: int) -> str:
     return json.dumps(tool_schema(default_top_n), ensure_ascii=False)
+
+
+def question_text(example: QAExample, templates: Templates) -> str:
+    """The question as MemSearcher and ReAct show it: as is, or with the instruction to answer
+    every objective of a multi-objective task in one ``\\boxed{}``."""
+    count = len(example.objectives)
+    if count == 1:
+        return example.question
+    return templates.multi_question.format(count=count, questions=example.question)
+
+
+def mem1_hint(templates: Templates, turns_left: int) -> str:
+    """MEM1's hint for an observation followed by ``turns_left`` turns (none: no hint)."""
+    if turns_left > 1:
+        return templates.mem1_hint.format(turns_left=turns_left)
+    return templates.mem1_last_hint if turns_left == 1 else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memsearcher.agent.base import ACTION_STOP, Episode
-from memsearcher.agent.prompts import format_tools
+from memsearcher.agent.prompts import format_tools, question_text
 from memsearcher.llm.base import Completion
 from memsearcher.retrieval import format_hits
 from memsearcher.types import Hit
@@ -19,7 +19,9 @@ class ReActEpisode(Episode):
 
     def begin(self) -> None:
         system = self.templates.react_system.format(tools=format_tools(self.config.top_n))
-        user = self.templates.react_user.format(question=self.example.question)
+        user = self.templates.react_user.format(
+            question=question_text(self.example, self.templates)
+        )
         self.render_prompt(
             [{"role": "system", "content": system}, {"role": "user", "content": user}]
         )

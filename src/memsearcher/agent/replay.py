@@ -3,7 +3,8 @@
 It searches a fixed number of times, keeps a growing note of what it read as its memory, then
 answers. Benchmarks use it to reach many turns (the untrained 135M model rarely gets past the
 first), and tests use it to exercise turn limits and memory caps. It reads only the prompt text,
-so the same policy drives MemSearcher and ReAct.
+so the same policy drives MemSearcher and ReAct; for MEM1 (asked to stop at ``</search>``) the
+note is its internal state ``<think>``, and the action is a ``<search>`` or an ``<answer>``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ _SEARCHES_SO_FAR = re.compile(r"Searches so far: (\d+)\.")
 _MEMORY = re.compile(r"</question>\n\n<memory> (.*?) </memory>", re.DOTALL)
 _QUESTION = re.compile(r"<question> (.*?) </question>", re.DOTALL)
 _FIRST_DOC = re.compile(r"Doc 1 \(Title: [^)]*\) ([^\n]*)")
+_MEM1_STATE = re.compile(r"<think> Searches so far: (\d+)\. (.*?) </think>", re.DOTALL)
+_MEM1_QUESTIONS = re.compile(r"Questions: (.*?)(?:<\|im_end\|>|\n)")
 
 
 def search_then_answer(searches: int, answer: str, memory_words: int = 300) -> Reply:
@@ -30,6 +33,8 @@ def search_then_answer(searches: int, answer: str, memory_words: int = 300) -> R
     """
 
     def reply(prompt: str, params: SamplingParams) -> str:
+        if "</search>" in params.stop:
+            return _mem1_step(prompt, searches, answer, memory_words)
         if MEMORY_STOP[0] in params.stop:
             return _memory_update(prompt, memory_words)
         done = max(_searches_in_memory(prompt), prompt.count("Doc 1 (Title:"))
@@ -58,3 +63,20 @@ def _memory_update(prompt: str, memory_words: int) -> str:
     words = (previous + fact)[-memory_words:]
     count = _searches_in_memory(prompt) + 1
     return f"<memory> Searches so far: {count}. {' '.join(words)} </memory>"
+
+
+def _mem1_step(prompt: str, searches: int, answer: str, memory_words: int) -> str:
+    """MEM1: the internal state counts the searches and keeps the same note as the memory."""
+    states = _MEM1_STATE.findall(prompt)
+    done, previous = (int(states[-1][0]), states[-1][1].split()) if states else (0, [])
+    docs = _FIRST_DOC.findall(prompt)
+    fact = docs[-1].split()[:25] if docs and states else []
+    note = " ".join((previous + fact)[-memory_words:])
+    if done >= searches:
+        return f"<think> Searches so far: {done}. {note} </think>\n<answer> {answer} </answer>"
+    found = _MEM1_QUESTIONS.findall(prompt)
+    question = found[-1].strip() if found else ""
+    return (
+        f"<think> Searches so far: {done + 1}. {note} </think>\n"
+        f"<search> {question} part {done + 1} </search>"
+    )

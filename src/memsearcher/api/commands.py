@@ -18,7 +18,11 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
     where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
-    parser.add_argument("--agent", choices=("memsearcher", "react"), default="memsearcher")
+    parser.add_argument(
+        "--agent",
+        default="memsearcher",
+        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
+    )
     parser.add_argument("--max-turns", type=int, default=20, help="default and upper bound")
     parser.add_argument("--memory-tokens", type=int, default=1024)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -37,7 +41,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
 
 def build_service(args: argparse.Namespace) -> tuple[object, str]:
     """The app the options describe, and the name it serves under."""
-    from memsearcher.agent import AgentConfig, load_templates
+    from memsearcher.agent import AgentConfig, agent_type, load_templates
     from memsearcher.api.app import AgentService, ServeConfig, create_app
     from memsearcher.errors import MemSearcherError
     from memsearcher.llm import SamplingParams
@@ -58,6 +62,7 @@ def build_service(args: argparse.Namespace) -> tuple[object, str]:
         )
     except ValueError as error:
         raise MemSearcherError(str(error)) from error
+    agent_type(args.agent)  # an unknown agent fails before the model loads
     templates = load_templates(args.templates)
     retriever = open_retriever(args.index or args.retriever)
     llm = open_llm(args)

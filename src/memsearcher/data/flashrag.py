@@ -49,12 +49,34 @@ def _example(row: Mapping[str, Any], where: str) -> QAExample:
     if not answers:
         raise MemSearcherError(f"{where}: 'golden_answers' is empty")
     metadata = row.get("metadata") or {}
+    if isinstance(metadata, Mapping) and "objectives" in metadata:
+        _check_objectives(metadata["objectives"], where)
     return QAExample(
         id=sanitize_text(str(raw_id)),
         question=sanitize_text(question.strip()),
         golden_answers=answers,
         metadata=dict(metadata) if isinstance(metadata, Mapping) else {},
     )
+
+
+def _check_objectives(objectives: Any, where: str) -> None:
+    """A composed task's objectives (`memsearcher.data.compose`): each a question and its
+    non-empty list of gold answers."""
+    if not isinstance(objectives, list) or not objectives:
+        raise MemSearcherError(f"{where}: metadata 'objectives' must be a non-empty list")
+    for number, objective in enumerate(objectives, start=1):
+        golds = objective.get("golden_answers") if isinstance(objective, Mapping) else None
+        if (
+            not isinstance(objective, Mapping)
+            or not isinstance(objective.get("question"), str)
+            or not isinstance(golds, list)
+            or not golds
+            or not all(isinstance(g, str) for g in golds)
+        ):
+            raise MemSearcherError(
+                f"{where}: objective {number} needs a 'question' string and a non-empty "
+                "'golden_answers' list of strings"
+            )
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:

@@ -7,6 +7,11 @@ passages the retriever actually returned, the fact sentences that follow the cha
 question's entity ("X was written by Y.", then "Y was born in Z."). A hop whose passage was not
 retrieved stays unknown, so the oracle scores EM 1.0 only if every hop is retrievable at the
 top-n it runs with: that is what the tests check.
+
+It speaks all three protocols (MemSearcher, ReAct, and MEM1, whose internal state ``<think>``
+carries the facts found so far), and answers multi-objective tasks
+(`memsearcher.data.compose`): it follows each objective's chain in turn and answers all of them
+at once, separated by ";".
 """
 
 from __future__ import annotations
@@ -17,12 +22,19 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import MEMORY_STOP
 from memsearcher.agent.prompts import TOOL_NAME
-from memsearcher.data.synthetic import RELATIONS, World, hops_of
+from memsearcher.data.synthetic import RELATIONS, Hop, World, hops_of
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 from memsearcher.types import QAExample
 
-__all__ = ["DEMO_TEMPLATES", "oracle_policy", "protocol_texts", "read_chain", "tokenizer_texts"]
+__all__ = [
+    "DEMO_MEM1_TEMPLATES",
+    "DEMO_TEMPLATES",
+    "oracle_policy",
+    "protocol_texts",
+    "read_chain",
+    "tokenizer_texts",
+]
 
 _QUESTION = re.compile(r"<question> (.*?) </question>", re.DOTALL)
 
@@ -39,6 +51,18 @@ DEMO_TEMPLATES = {
     ),
 }
 """Short prompts for the demo's small model (the protocol's tags, fewer instruction words)."""
+
+DEMO_MEM1_TEMPLATES = {
+    "mem1_user": (
+        "Answer the questions. Think in <think> </think> and keep there every fact found so "
+        "far, then search with <search> </search> or answer with <answer> </answer>, the "
+        "answers separated by ;. Questions: {questions}"
+    ),
+    "multi_question": "Answer all {count}, separated by ; in one \\boxed{{}}: {questions}",
+}
+"""The demo's short MEM1 prompt and multi-objective instruction, for runs of all three agents
+on multi-objective tasks (``benchmarks/mem1_objectives.py``); the demo pipeline itself trains
+MemSearcher and ReAct on single questions with `DEMO_TEMPLATES` alone."""
 
 
 def read_chain(entity: str, relations: Sequence[str], evidence: str) -> list[tuple[str, str]]:
@@ -59,25 +83,54 @@ def read_chain(entity: str, relations: Sequence[str], evidence: str) -> list[tup
 
 
 def oracle_policy(examples: Sequence[QAExample]) -> Reply:
-    """Reply as the ideal agent for the synthetic ``examples`` (their metadata holds the hops).
+    """Reply as the ideal agent for the synthetic ``examples`` (their metadata holds the hops;
+    a composed task's objectives hold theirs).
 
-    Act: search the first entity of the chain not yet resolved, or answer once all are.
-    Memory update: the fact sentences of the chain read so far, nothing else.
+    Act: search the first entity of the first chain not yet resolved, or answer once all are.
+    Memory update (MemSearcher), or internal state (MEM1): the fact sentences of the chains
+    read so far, nothing else.
     """
-    chains = {e.question: hops_of(e.metadata) for e in examples}
+    tasks = {e.question: _chains(e) for e in examples}
 
     def reply(prompt: str, params: SamplingParams) -> str:
-        questions = _QUESTION.findall(prompt)
-        hops = chains[questions[-1]]
-        evidence = prompt[prompt.rindex("<question>") :]
-        found = read_chain(hops[0].entity, [h.relation for h in hops], evidence)
+        question = _task(prompt, tasks)
+        evidence = prompt[prompt.rindex(question) + len(question) :]
+        found = [
+            read_chain(h[0].entity, [hop.relation for hop in h], evidence) for h in tasks[question]
+        ]
+        facts = " ".join(fact for chain in found for fact, _ in chain)
         if MEMORY_STOP[0] in params.stop:
-            return f"<memory> {' '.join(fact for fact, _ in found)} </memory>"
-        if len(found) == len(hops):
-            return _answer(found[-1][1])
-        return _act(found[-1][1] if found else hops[0].entity)
+            return f"<memory> {facts} </memory>"
+        pending = [(h, f) for h, f in zip(tasks[question], found, strict=True) if len(f) < len(h)]
+        mem1 = "</search>" in params.stop
+        if not pending:
+            answer = "; ".join(chain[-1][1] for chain in found)
+            return _mem1(facts, "answer", answer) if mem1 else _answer(answer)
+        hops, chain = pending[0]
+        entity = chain[-1][1] if chain else hops[0].entity
+        return _mem1(facts, "search", entity) if mem1 else _act(entity)
 
     return reply
+
+
+def _chains(example: QAExample) -> list[tuple[Hop, ...]]:
+    objectives = example.metadata.get("objectives")
+    if objectives:
+        return [hops_of(o.get("metadata", {})) for o in objectives]
+    return [hops_of(example.metadata)]
+
+
+def _task(prompt: str, tasks: dict[str, list[tuple[Hop, ...]]]) -> str:
+    """The task whose question the prompt shows: the ``<question>`` text when it is one, else
+    the longest known question in the prompt (MEM1's prompt, or a multi-objective wrapper)."""
+    tagged = _QUESTION.findall(prompt)
+    if tagged and tagged[-1] in tasks:
+        return str(tagged[-1])
+    return max((q for q in tasks if q in prompt), key=len)
+
+
+def _mem1(facts: str, action: str, content: str) -> str:
+    return f"<think> {facts or 'Nothing found yet.'} </think>\n<{action}> {content} </{action}>"
 
 
 def _act(entity: str) -> str:

@@ -77,10 +77,24 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", help="run folder (predictions, summary); reused to resume")
     parser.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    parser.add_argument(
+        "--objectives",
+        type=int,
+        default=None,
+        help="join N questions into each task (MEM1's multi-objective QA), scored with the "
+        "count rule; --limit then counts tasks",
+    )
+    parser.add_argument(
+        "--compose-seed", type=int, default=0, help="shuffle seed of --objectives (default: 0)"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
     where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
-    parser.add_argument("--agent", choices=("memsearcher", "react"), default="memsearcher")
+    parser.add_argument(
+        "--agent",
+        default="memsearcher",
+        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
+    )
     parser.add_argument("--max-turns", type=int, default=20)
     parser.add_argument("--memory-tokens", type=int, default=1024)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -104,7 +118,8 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         "report",
         help="compare evaluation runs in a table and plot tokens per turn",
         description="Print EM/F1/ACC and context sizes of runs across datasets, and draw the "
-        "prompt tokens of each turn.",
+        "prompt tokens of each turn; for runs at several numbers of objectives (--objectives), "
+        "also peak tokens and EM against N, one line per agent.",
     )
     report.add_argument("runs", nargs="+", metavar="DIR", help="run folders (eval --out)")
     report.add_argument("--plots", default="eval-report", help="folder for the plots")
@@ -141,7 +156,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
         config.sampling  # noqa: B018
     except ValueError as error:
         raise MemSearcherError(str(error)) from error
-    datasets = load_benchmarks(args.data, names, args.limit)
+    if args.objectives is None:
+        datasets = load_benchmarks(args.data, names, args.limit)
+    else:
+        from memsearcher.data.compose import compose
+
+        datasets = {
+            name: compose(examples, args.objectives, args.compose_seed)[: args.limit]
+            for name, examples in load_benchmarks(args.data, names).items()
+        }
     templates = load_templates(args.templates)
     retriever_spec = args.index or args.retriever
     retriever = open_retriever(retriever_spec)
@@ -153,6 +176,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
         "retriever": retriever_spec or "embedded",
         "templates": args.templates,
     }
+    if args.objectives is not None:  # absent otherwise, so earlier runs still resume
+        info.update(objectives=args.objectives, compose_seed=args.compose_seed)
     summary = run_eval(
         datasets, llm, retriever, config, args.out, templates, info, not args.no_progress
     )
@@ -164,7 +189,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    from memsearcher.eval.report import draw_token_plots, format_table, load_rows
+    from memsearcher.eval.report import (
+        draw_objective_plots,
+        draw_token_plots,
+        format_table,
+        load_rows,
+    )
 
     rows = load_rows(args.runs)
     if args.json:
@@ -173,6 +203,6 @@ def run_report_command(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows))
     if not args.no_plots:
-        for path in draw_token_plots(rows, args.plots):
+        for path in draw_token_plots(rows, args.plots) + draw_objective_plots(rows, args.plots):
             print(f"plot: {path}", file=sys.stderr)
     return 0

@@ -17,6 +17,13 @@ FlashRAG:
   SQuAD v1.1 fails inside ``max([])``; neither is a result worth averaging.
 
 FlashRAG's regex mode (gold answers as patterns, used only for CuratedTREC) is not supported.
+
+Multi-objective tasks (MEM1) are scored with the count rule of MEM1's evaluation
+(MIT-MI/MEM1, ``inference/eval.py``): the answer is split on ";", scores 0 if it does not give
+exactly N answers, else the per-position scores are summed (so the maximum is N). MEM1's
+training reward (``verl/utils/reward_score/qa_multiple.py``) has no count rule, and its own
+evaluation normalizes differently (punctuation to spaces, set-based F1); here each position is
+scored by the functions above, so N = 1 agrees with the single-question metrics.
 """
 
 from __future__ import annotations
@@ -24,9 +31,16 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-__all__ = ["exact_match", "f1_score", "normalize_answer", "sub_exact_match"]
+__all__ = [
+    "exact_match",
+    "f1_score",
+    "normalize_answer",
+    "objective_sum",
+    "split_answers",
+    "sub_exact_match",
+]
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -101,3 +115,21 @@ def f1_score(prediction: str, golden_answers: str | Sequence[str]) -> float:
     """
     pred = normalize_answer(prediction)
     return max(_token_f1(pred, normalize_answer(gold)) for gold in _as_gold_list(golden_answers))
+
+
+def split_answers(prediction: str) -> list[str]:
+    """The answers of a multi-objective prediction: split on ";", each stripped."""
+    return [answer.strip() for answer in prediction.split(";")]
+
+
+def objective_sum(
+    prediction: str,
+    objectives: Sequence[Sequence[str]],
+    metric: Callable[[str, Sequence[str]], float] = exact_match,
+) -> float:
+    """Sum over positions k of ``metric(answer_k, golds_k)``; 0.0 unless the prediction splits
+    into exactly ``len(objectives)`` answers (the count rule)."""
+    answers = split_answers(prediction)
+    if len(answers) != len(objectives):
+        return 0.0
+    return float(sum(metric(a, golds) for a, golds in zip(answers, objectives, strict=True)))

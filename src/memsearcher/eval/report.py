@@ -1,4 +1,5 @@
-"""Compare evaluation runs: one table across runs and datasets, and prompt tokens per turn.
+"""Compare evaluation runs: one table across runs and datasets, prompt tokens per turn, and,
+for multi-objective runs (MEM1's tasks), peak tokens and EM against the number of objectives.
 
 matplotlib is optional (``pip install 'memsearcher[eval]'``) and only imported to draw.
 """
@@ -13,12 +14,20 @@ from typing import Any
 from memsearcher.data.flashrag import BENCHMARKS
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["draw_token_plots", "format_table", "load_rows", "rows_from_summary"]
+__all__ = [
+    "draw_objective_plots",
+    "draw_token_plots",
+    "format_table",
+    "load_rows",
+    "rows_from_summary",
+]
 
 COLUMNS = (
     ("run", "run", "{}"),
     ("dataset", "dataset", "{}"),
+    ("agent", "agent", "{}"),
     ("questions", "n", "{}"),
+    ("objectives", "N", "{:g}"),
     ("em", "EM", "{:.1f}"),
     ("f1", "F1", "{:.1f}"),
     ("acc", "ACC", "{:.1f}"),
@@ -27,9 +36,13 @@ COLUMNS = (
     ("tokens_p50", "tok p50", "{:.0f}"),
     ("tokens_p90", "tok p90", "{:.0f}"),
     ("tokens_max", "tok max", "{:.0f}"),
+    ("peak_tokens", "peak tok", "{:.0f}"),
+    ("seconds_per_question", "s/q", "{:.2f}"),
     ("format_failure_rate", "fmt fail", "{:.1%}"),
 )
 PERCENT = frozenset({"em", "f1", "acc"})
+"""In percent for one-objective rows; summed over N objectives (0..N, as MEM1 reports) else."""
+LEFT_ALIGNED = 3  # run, dataset, agent
 
 
 def _order(name: str) -> tuple[int, str]:
@@ -39,6 +52,7 @@ def _order(name: str) -> tuple[int, str]:
 def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per dataset of one run, then an ``avg`` row when there are several."""
     label = Path(run).name or str(run)
+    agent = summary.get("settings", {}).get("agent")
     rows = []
     for name in sorted(summary.get("datasets", {}), key=_order):
         s = summary["datasets"][name]
@@ -49,7 +63,12 @@ def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str
             {
                 "run": label,
                 "dataset": name,
+                "agent": agent,
                 **{k: s[k] for k in ("questions", "em", "f1", "acc", "mean_turns")},
+                # summaries written before multi-objective runs have none of these three
+                "objectives": s.get("objectives", 1.0),
+                "peak_tokens": (s.get("peak_tokens") or {}).get("mean"),
+                "seconds_per_question": s.get("seconds_per_question"),
                 "searches_per_question": s["searches_per_question"],
                 "tokens_p50": tokens["p50"],
                 "tokens_p90": tokens["p90"],
@@ -60,7 +79,7 @@ def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str
         )
     average = summary.get("average") or {}
     if len(rows) > 1 and average:
-        rows.append({"run": label, "dataset": "avg", **average})
+        rows.append({"run": label, "dataset": "avg", "agent": agent, **average})
     return rows
 
 
@@ -88,6 +107,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             value = row.get(key)
             if value is None:
                 line.append("")
+            elif key in PERCENT and row.get("objectives", 1) != 1:
+                line.append(f"{value:.3f}")
             else:
                 line.append(fmt.format(value * 100 if key in PERCENT else value))
         cells.append(line)
@@ -96,7 +117,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     for n, line in enumerate(cells):
         lines.append(
             "  ".join(
-                c.ljust(w) if i < 2 else c.rjust(w)
+                c.ljust(w) if i < LEFT_ALIGNED else c.rjust(w)
                 for i, (c, w) in enumerate(zip(line, widths, strict=True))
             ).rstrip()
         )
@@ -105,19 +126,25 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
-    """One PNG per dataset: mean prompt tokens at each turn, one line per run.
-
-    A flat line is MemSearcher's compact memory; a rising one is ReAct's growing history.
-    """
+def _pyplot() -> Any:
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # files only; no display needed
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise MemSearcherError("plots need matplotlib: pip install 'memsearcher[eval]'") from None
+    return plt
+
+
+def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """One PNG per dataset: mean prompt tokens at each turn, one line per run.
+
+    A flat line is MemSearcher's compact memory; a rising one is ReAct's growing history.
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     by_dataset: dict[str, list[dict[str, Any]]] = {}
@@ -138,6 +165,61 @@ def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list
         axes.grid(alpha=0.3)
         axes.legend()
         path = folder / f"tokens_per_turn_{name}.png"
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def objective_points(
+    rows: Sequence[dict[str, Any]], key: str
+) -> dict[str, list[tuple[float, float]]]:
+    """Per agent, (N, mean of ``key``) over its rows at each number of objectives N.
+
+    Rows of several runs or datasets of one agent at the same N are averaged; "avg" rows are
+    left out (they repeat their run's datasets).
+    """
+    values: dict[str, dict[float, list[float]]] = {}
+    for row in rows:
+        if row.get("dataset") == "avg" or row.get(key) is None:
+            continue
+        agent = row.get("agent") or row["run"]
+        values.setdefault(agent, {}).setdefault(float(row["objectives"]), []).append(row[key])
+    return {
+        agent: [(n, sum(v) / len(v)) for n, v in sorted(by_n.items())]
+        for agent, by_n in sorted(values.items())
+    }
+
+
+def draw_objective_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """Peak tokens and EM against the number of objectives N, one line per agent (MEM1's
+    Figure: a constant-memory agent stays flat while ReAct's context grows). Nothing is drawn
+    unless the runs cover at least two values of N."""
+    if len({row.get("objectives", 1) for row in rows if row.get("dataset") != "avg"}) < 2:
+        return []
+    plt = _pyplot()
+    from matplotlib.ticker import ScalarFormatter
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key, label in (("peak_tokens", "peak tokens (mean)"), ("em", "EM (summed over N)")):
+        figure, axes = plt.subplots(figsize=(6, 4))
+        ns: set[float] = set()
+        for agent, points in objective_points(rows, key).items():
+            axes.plot(*zip(*points, strict=True), marker="o", label=agent)
+            ns.update(n for n, _ in points)
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(sorted(ns))
+        axes.xaxis.set_major_formatter(ScalarFormatter())
+        axes.set_ylim(bottom=0)
+        axes.set_xlabel("objectives per task (N)")
+        axes.set_ylabel(label)
+        axes.set_title(f"{label} against N")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        path = folder / f"{key}_by_objectives.png"
         figure.tight_layout()
         figure.savefig(path, dpi=100)
         plt.close(figure)

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.agent import AgentConfig, Templates, agent_type, run_lockstep, start_episodes
 from memsearcher.errors import MemSearcherError
-from memsearcher.eval.metrics import exact_match, f1_score, sub_exact_match
+from memsearcher.eval.metrics import exact_match, f1_score, objective_sum, sub_exact_match
 from memsearcher.folders import exclusive
 from memsearcher.llm.base import LLM, SamplingParams
 from memsearcher.retrieval.base import Retriever
@@ -45,6 +46,7 @@ __all__ = [
     "EvalConfig",
     "error_record",
     "latest_records",
+    "peak_tokens",
     "prediction_record",
     "read_predictions",
     "run_eval",
@@ -64,7 +66,7 @@ class EvalConfig:
     """How questions are answered during evaluation."""
 
     agent: str = "memsearcher"
-    """Which agent answers (``memsearcher`` or ``react``)."""
+    """Which agent answers: a key of ``memsearcher.agent.AGENTS`` (memsearcher, react, mem1)."""
     max_turns: int = 20
     """Turns before an episode is cut (20 in the paper's evaluation)."""
     max_new_tokens: int = 512
@@ -85,6 +87,7 @@ class EvalConfig:
     """Episodes in flight at once with the async driver."""
 
     def __post_init__(self) -> None:
+        agent_type(self.agent)
         if self.driver not in DRIVERS:
             raise ValueError(f"unknown driver {self.driver!r}; choose one of {sorted(DRIVERS)}")
         for name in ("batch_size", "concurrency"):
@@ -114,8 +117,30 @@ class EvalConfig:
 # -- predictions file ---------------------------------------------------------------------------
 
 
-def prediction_record(dataset: str, trajectory: Trajectory) -> dict[str, Any]:
-    """One line of ``predictions.jsonl``: the scores, the per-turn counts and the trajectory."""
+METRICS = {"em": exact_match, "f1": f1_score, "acc": sub_exact_match}
+
+
+def _scores(example: QAExample, prediction: str) -> dict[str, float]:
+    """EM, F1 and ACC; a composed multi-objective task sums them over its objectives with the
+    count rule (`objective_sum`), so its scores range over 0..N."""
+    if "objectives" not in example.metadata:
+        return {k: metric(prediction, example.golden_answers) for k, metric in METRICS.items()}
+    return {k: objective_sum(prediction, example.objectives, m) for k, m in METRICS.items()}
+
+
+def peak_tokens(trajectory: Trajectory) -> int:
+    """The largest context of the trajectory: its longest training sequence, the tokens
+    generated into it included (MEM1's "peak tokens")."""
+    return max((len(s.input_ids) for s in trajectory.sequences), default=0)
+
+
+def prediction_record(
+    dataset: str, trajectory: Trajectory, seconds: float | None = None
+) -> dict[str, Any]:
+    """One line of ``predictions.jsonl``: the scores, the per-turn counts and the trajectory.
+
+    ``seconds``: this question's share of the run's wall time (see `_answer_missing`).
+    """
     example = trajectory.example
     prediction = trajectory.answer or ""
     return {
@@ -124,13 +149,14 @@ def prediction_record(dataset: str, trajectory: Trajectory) -> dict[str, Any]:
         "question": example.question,
         "golden_answers": list(example.golden_answers),
         "prediction": trajectory.answer,
-        "em": exact_match(prediction, example.golden_answers),
-        "f1": f1_score(prediction, example.golden_answers),
-        "acc": sub_exact_match(prediction, example.golden_answers),
+        **_scores(example, prediction),
+        "objectives": len(example.objectives),
         "end_reason": trajectory.end_reason,
         "turns": len(trajectory.turns),
         "searches": trajectory.num_searches,
         "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
+        "peak_tokens": peak_tokens(trajectory),
+        "seconds": seconds,
         "trajectory": trajectory.to_dict(),
     }
 
@@ -146,6 +172,7 @@ def error_record(dataset: str, example: QAExample, error: BaseException) -> dict
         "em": 0.0,
         "f1": 0.0,
         "acc": 0.0,
+        "objectives": len(example.objectives),
         "end_reason": "error",
         "error": f"{type(error).__name__}: {error}"[:1000],
         "turns": 0,
@@ -237,8 +264,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         reasons[r["end_reason"]] = reasons.get(r["end_reason"], 0) + 1
     tokens = np.asarray(prompt_tokens or [0], dtype=np.float64)
+    # records saved before these fields existed have none of them
+    peaks = [r["peak_tokens"] for r in records if "peak_tokens" in r]
+    seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
     return {
         "questions": n,
+        "objectives": float(np.mean([r.get("objectives", 1) for r in records])),
         "em": float(np.mean([r["em"] for r in records])),
         "f1": float(np.mean([r["f1"] for r in records])),
         "acc": float(np.mean([r["acc"] for r in records])),
@@ -250,6 +281,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             **{f"p{p}": float(np.percentile(tokens, p)) for p in PERCENTILES},
         },
         "prompt_tokens_by_turn": [float(np.mean(values)) for values in by_turn],
+        "peak_tokens": {"mean": float(np.mean(peaks)), "max": float(np.max(peaks))}
+        if peaks
+        else None,
+        "seconds_per_question": float(np.mean(seconds)) if seconds else None,
         "format_failure_rate": sum(reasons.get(k, 0) for k in FORMAT_FAILURES) / n,
         "answered_rate": reasons.get("answer", 0) / n,
         "end_reasons": dict(sorted(reasons.items())),
@@ -262,7 +297,10 @@ def _average(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
     if not scored:
         return {}
     keys = ("em", "f1", "acc", "mean_turns", "searches_per_question", "format_failure_rate")
-    return {k: float(np.mean([s[k] for s in scored])) for k in keys}
+    average = {k: float(np.mean([s[k] for s in scored])) for k in keys}
+    if all(s.get("peak_tokens") for s in scored):
+        average["peak_tokens"] = float(np.mean([s["peak_tokens"]["mean"] for s in scored]))
+    return average
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -390,13 +428,19 @@ def _answer_missing(
         return
     writer = PredictionWriter(path)
     errors_in_a_row = 0
+    # Each record gets the wall time since the previous one was saved: batched questions finish
+    # together, so one record's value means little, but their sum is the run's wall time and
+    # their mean the amortized time per question, whatever the driver or batch size.
+    last = time.perf_counter()
     with tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name,
               disable=not progress, unit="q") as bar:  # fmt: skip
 
         def save(trajectory: Trajectory) -> None:
-            nonlocal errors_in_a_row
+            nonlocal errors_in_a_row, last
             errors_in_a_row = 0
-            writer.write(prediction_record(name, trajectory))
+            now = time.perf_counter()
+            writer.write(prediction_record(name, trajectory, round(now - last, 6)))
+            last = now
             bar.update(1)
 
         def save_error(example: QAExample, error: Exception) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "MicroBatch",
     "blank_batch",
     "collate",
+    "logits_at",
     "padding_share",
     "plan_micro_batches",
     "response_logprobs",
@@ -149,27 +150,44 @@ def sequence_logprobs(
     # window column c of the last span + 1 hidden states predicts target c
     rows, cols = batch.loss_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
     rows, cols = rows.to(device), cols.to(device)
+    logits = logits_at(
+        model,
+        rows,
+        cols,
+        compute,
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        position_ids=batch.position_ids.to(device),
+        logits_to_keep=span + 1,
+    )  # (1, N, V)
+    targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
+    picked = token_logprobs(logits, targets, temperature)[0]  # (N,)
+    out = picked.new_zeros(batch.targets.shape)  # (B, R)
+    return out.index_put((rows, cols), picked)
 
-    def keep_masked(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+
+def logits_at(
+    model: Any, rows: torch.Tensor, cols: torch.Tensor, compute: str | None, **inputs: Any
+) -> torch.Tensor:
+    """(1, N, V): the logits at hidden-state positions (rows[i], cols[i]) of one forward pass.
+
+    A pre-hook on the output layer keeps just those hidden states, so no other position pays
+    for (V,)-wide logits. ``cols`` index what reaches the output layer (with ``logits_to_keep``,
+    its window). ``compute`` (e.g. "bfloat16") runs the forward under autocast in that dtype.
+    """
+    device = next(model.parameters()).device
+
+    def keep(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (args[0][rows, cols][None], *args[1:])  # (1, N, H)
 
     head = unwrap(model).get_output_embeddings()
-    handle = head.register_forward_pre_hook(keep_masked)
+    handle = head.register_forward_pre_hook(keep)
     try:
         with autocast(compute, device):
-            output = model(
-                input_ids=batch.input_ids.to(device),
-                attention_mask=batch.attention_mask.to(device),
-                position_ids=batch.position_ids.to(device),
-                logits_to_keep=span + 1,
-                use_cache=False,
-            )
+            output = model(**inputs, use_cache=False)
     finally:
         handle.remove()
-    targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
-    picked = token_logprobs(output.logits, targets, temperature)[0]  # (N,)
-    out = picked.new_zeros(batch.targets.shape)  # (B, R)
-    return out.index_put((rows, cols), picked)
+    return output.logits
 
 
 def padding_share(batches: Sequence[MicroBatch]) -> float:

@@ -108,10 +108,10 @@ def _check_shapes(
             raise ValueError(
                 f"{name} has shape {tuple(tensor.shape)}, logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ValueError(
-            f"advantages must be ({logprobs.shape[0]},), one per sequence, "
-            f"got {tuple(advantages.shape)}"
+            f"advantages must be ({logprobs.shape[0]},), one per sequence (GRPO), or "
+            f"{tuple(logprobs.shape)}, one per token (PPO), got {tuple(advantages.shape)}"
         )
 
 
@@ -129,8 +129,9 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate plus k3 KL to the reference, aggregated to a scalar.
 
-    logprobs, old_logprobs, ref_logprobs, loss_mask: (B, T); advantages: (B,), broadcast over T;
-    trajectory_ids: (B,), which trajectory each sequence belongs to (for 'trajectory-mean').
+    logprobs, old_logprobs, ref_logprobs, loss_mask: (B, T); advantages: (B,), broadcast over T
+    (GRPO), or (B, T), one per token (PPO with GAE, `memsearcher.rl.ppo`); trajectory_ids: (B,),
+    which trajectory each sequence belongs to (for 'trajectory-mean').
     Positions with loss_mask 0 get exactly zero gradient whatever logprobs holds there.
     Metrics are detached; "train/kl" is present only when ref_logprobs is given.
     """
@@ -147,7 +148,8 @@ def policy_loss(
     valid = loss_mask.bool()  # (B, T)
     mask = valid.to(logprobs.dtype)  # (B, T)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    adv = advantages.detach().to(logprobs.dtype)[:, None]  # (B, 1)
+    adv = advantages.detach().to(logprobs.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else torch.where(valid, adv, zero)  # (B, 1) or (B, T)
 
     # torch.where, not a multiply by the mask: exp() of a huge masked difference would be inf,
     # and inf * 0 is NaN in both the value and the gradient.

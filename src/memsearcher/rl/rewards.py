@@ -14,13 +14,18 @@ overlap at all. The reward is therefore not monotone in F1 on (0, 0.1).
 
 ``"em"`` and ``"f1"`` are plain variants for ablations: exact match (1.0/0.0) and F1, both 0.0
 for a trajectory that is not well formed.
+
+``"multi-em"`` is MEM1's reward on multi-objective tasks (``memsearcher.data.compose``): the
+number of objectives answered exactly, 0 unless the answer gives exactly N answers separated by
+";" (the count rule of MEM1's evaluation, which its training reward lacks); ``"multi-f1"`` sums
+token F1 the same way. A plain question is one objective.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from memsearcher.eval.metrics import exact_match, f1_score
+from memsearcher.eval.metrics import exact_match, f1_score, objective_sum
 from memsearcher.types import Trajectory
 
 __all__ = ["REWARDS", "get_reward", "graded_reward", "trajectory_reward"]
@@ -60,10 +65,26 @@ def f1_reward(trajectory: Trajectory) -> float:
     return f1_score(trajectory.answer, trajectory.example.golden_answers)
 
 
+def multi_em_reward(trajectory: Trajectory) -> float:
+    """Objectives answered exactly, with the count rule; 0.0 if not well formed (MEM1)."""
+    if not trajectory.well_formed or trajectory.answer is None:
+        return 0.0
+    return objective_sum(trajectory.answer, trajectory.example.objectives, exact_match)
+
+
+def multi_f1_reward(trajectory: Trajectory) -> float:
+    """Summed token F1 over the objectives, with the count rule; 0.0 if not well formed."""
+    if not trajectory.well_formed or trajectory.answer is None:
+        return 0.0
+    return objective_sum(trajectory.answer, trajectory.example.objectives, f1_score)
+
+
 REWARDS: dict[str, Callable[[Trajectory], float]] = {
     "graded": trajectory_reward,
     "em": em_reward,
     "f1": f1_reward,
+    "multi-em": multi_em_reward,
+    "multi-f1": multi_f1_reward,
 }
 
 
