@@ -4,9 +4,10 @@ Written out rather than calling transformers' ``generate`` for two reasons:
 
 - ``generate`` keeps computing a row after it has ended, until the batch's longest row ends.
   Agent generations end anywhere from a dozen tokens to the budget, so most row-steps of a
-  batch are wasted (58% for 16 MemSearcher actions of the embedded model at 256 new tokens;
-  ``benchmarks/rollout_stragglers.py``). Here a row leaves the batch as soon as it ends: its
-  rows of the KV cache are dropped with the cache's own ``batch_select_indices``.
+  batch are wasted (62% for 16 MemSearcher actions of the embedded model at 256 new tokens,
+  54% for their memory updates; ``benchmarks/rollout_stragglers.py``). Here a row leaves the
+  batch as soon as it ends: its rows of the KV cache are dropped with the cache's own
+  ``batch_select_indices`` (1.6x and 1.5x the tokens/s of ``generate`` there, on a CPU).
 - ``generate`` fills every sampling field a config leaves unset from the checkpoint's
   ``generation_config`` (Qwen2.5-Instruct: repetition penalty 1.05, top_k 20). Here the next
   token is drawn from exactly softmax(logits / T) within the top-p nucleus (`sample_next`),
