@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _policies import search_once_then_answer
 from tiny_model import save_tiny_model
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
@@ -60,20 +61,6 @@ SFT_STEPS = 100
 GRPO_STEPS = 8
 
 
-def policy(answer: str):  # type: ignore[no-untyped-def]
-    """Search once with a fixed query, keep a fixed memory, then answer ``answer``."""
-    call = '{"name": "wikipedia_search", "arguments": {"query": "landmarks of the city"}}'
-
-    def reply(prompt: str, params: SamplingParams) -> str:
-        if "</memory>" in params.stop:
-            return "<memory> noted </memory>"
-        if "<memory> noted </memory>" in prompt:
-            return f"<think> done </think>\n\\boxed{{{answer}}}"
-        return f"<think> search </think>\n<tool_call>{call}</tool_call>"
-
-    return reply
-
-
 @pytest.mark.slow
 def test_grpo_raises_mean_reward(tmp_path: Path, retriever: Retriever) -> None:
     from transformers import AutoTokenizer
@@ -99,7 +86,7 @@ def test_grpo_raises_mean_reward(tmp_path: Path, retriever: Retriever) -> None:
         episodes = start_episodes(
             "memsearcher", questions, tokenizer, config, Templates(**TEMPLATES)
         )
-        llm = ScriptedLLM(tokenizer, policy(answer))
+        llm = ScriptedLLM(tokenizer, search_once_then_answer(answer))
         trajectories += run_lockstep(episodes, llm, retriever, SamplingParams())
     assert all(t.well_formed and len(t.sequences) == 2 for t in trajectories)
     sft_data = tmp_path / "sft.jsonl"

@@ -18,6 +18,7 @@ import torch
 from tiny_model import save_tiny_model
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.replay import search_then_answer
 from memsearcher.llm.base import (
     NEUTRAL_PROCESSORS,
     Completion,
@@ -138,7 +139,7 @@ class SeedRecorder(ScriptedLLM):
     """A scripted search-then-answer policy that notes the seed of every generate call."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        super().__init__(tokenizer, _search_then_answer)
+        super().__init__(tokenizer, search_then_answer(1, "Shakespeare"))
         self.seeds: list[int | None] = []
 
     def generate(
@@ -162,12 +163,3 @@ def test_lockstep_calls_of_neighbouring_base_seeds_do_not_share_a_stream(
         calls[base] = recorder.seeds
     assert len(calls[100]) == 3  # action, memory, answer
     assert not set(calls[100]) & set(calls[101])
-
-
-def _search_then_answer(prompt: str, params: SamplingParams) -> str:
-    if "</memory>" in params.stop:
-        return "<memory> noted-7431 </memory>"
-    if "noted-7431" in prompt:
-        return "<think> known </think> \\boxed{Shakespeare}"
-    call = '{"name": "wikipedia_search", "arguments": {"query": "Hamlet"}}'
-    return f"<think> search </think><tool_call>{call}</tool_call>"

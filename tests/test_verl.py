@@ -38,6 +38,7 @@ pytest.importorskip("verl", reason="needs pip install 'memsearcher[verl]'")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from _policies import search_once_then_answer  # noqa: E402
 from _servers import free_port, running  # noqa: E402
 from _verl_server import HFReplica, LocalServerClient, MemoryTQ  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
@@ -72,20 +73,6 @@ QUESTIONS = [QAExample(f"q{i}", f"Which city has {p}?", ("Paris",)) for i, p in 
 SFT_STEPS = 60  # measured: greedy then answers in 2 turns; at 0.7, 3 in 8 do
 
 
-def policy(answer: str):  # type: ignore[no-untyped-def]
-    """Search once with a fixed query, keep a fixed memory, then answer ``answer``."""
-    call = '{"name": "wikipedia_search", "arguments": {"query": "landmarks of the city"}}'
-
-    def reply(prompt: str, params: SamplingParams) -> str:
-        if "</memory>" in params.stop:
-            return "<memory> noted </memory>"
-        if "<memory> noted </memory>" in prompt:
-            return f"<think> done </think>\n\\boxed{{{answer}}}"
-        return f"<think> search </think>\n<tool_call>{call}</tool_call>"
-
-    return reply
-
-
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory, retriever: Retriever) -> Path:
     """A tiny Llama taught the protocol by a short SFT, answering Paris or London: it searches,
@@ -101,7 +88,10 @@ def warm(tmp_path_factory: pytest.TempPathFactory, retriever: Retriever) -> Path
             "memsearcher", QUESTIONS, tokenizer, AgentConfig(**AGENT), Templates(**TEMPLATES)
         )
         trajectories += run_lockstep(
-            episodes, ScriptedLLM(tokenizer, policy(answer)), retriever, SamplingParams()
+            episodes,
+            ScriptedLLM(tokenizer, search_once_then_answer(answer)),
+            retriever,
+            SamplingParams(),
         )
     data = folder / "sft.jsonl"
     data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajectories))
@@ -454,7 +444,9 @@ def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> N
             ],
         )
     validate_config(
-        config=config, use_reference_policy=need_reference_policy(config), use_critic=False
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=False,
     )
     assert not need_critic(config)
     check_trainer_config(config)
