@@ -106,6 +106,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf())]
     command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
     command += ["--n_threads", "1", "--model_alias", "smollm2"]
+    # one token per forward pass: llama.cpp's logits depend on how a prompt is split into
+    # batches, and its prefix cache splits the same prompt differently depending on what came
+    # before (a repeated prompt replays its last token alone). "Name a color." then decodes
+    # "The color ..." or "Alec 2: ..." greedily, by request order. Single-token batches make
+    # greedy decoding independent of the cache, at no measurable cost on this model.
+    command += ["--n_batch", "1", "--n_ubatch", "1"]
     log = tmp_path_factory.mktemp("llama") / "server.log"
     url = f"http://127.0.0.1:{port}/v1"
     with running(command, f"{url}/models", log, {**os.environ, "OMP_NUM_THREADS": "1"}):
