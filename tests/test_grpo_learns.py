@@ -61,8 +61,17 @@ SFT_STEPS = 100
 GRPO_STEPS = 8
 
 
+ESTIMATORS = {
+    "grpo": [],
+    # PPO with a critic (MEM1's algorithm): per-token GAE advantages against a value model
+    # that starts from the SFT model with a fresh head and learns at the policy's lr
+    "gae": ["advantage=gae", "critic.lr=1e-3", "entropy_coef=0.001"],
+}
+
+
 @pytest.mark.slow
-def test_grpo_raises_mean_reward(tmp_path: Path, retriever: Retriever) -> None:
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_rl_raises_mean_reward(tmp_path: Path, retriever: Retriever, estimator: str) -> None:
     from transformers import AutoTokenizer
 
     tiny = save_tiny_model(tmp_path / "tiny")
@@ -108,7 +117,8 @@ def test_grpo_raises_mean_reward(tmp_path: Path, retriever: Retriever) -> None:
          f"model.path={tmp_path / 'sft' / f'step-{SFT_STEPS}' / 'model'}", "model.device=cpu",
          f"templates={templates_file}", f"steps={GRPO_STEPS}", "questions_per_step=8",
          "mini_batch_questions=8", "group_size=4", "temperature=0.7", "optim.lr=1e-3",
-         "beta=0", "tensorboard=false", "sample_every=0", f"save_every={GRPO_STEPS}", *AGENT],
+         "beta=0", "tensorboard=false", "sample_every=0", f"save_every={GRPO_STEPS}", *AGENT,
+         *ESTIMATORS[estimator]],
     )  # fmt: skip
     train_grpo(grpo)
 

@@ -10,6 +10,9 @@ import torch
 from tiny_model import save_tiny_model
 
 from memsearcher.rl.batching import collate
+from memsearcher.rl.config import CriticConfig
+from memsearcher.rl.critic import critic_gradients, gae_targets
+from memsearcher.rl.distributed import Runtime
 from memsearcher.rl.ppo import (
     entropy_from_logits,
     from_rows,
@@ -210,7 +213,8 @@ def test_critic_loader_names_a_bad_path(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_ppo_with_a_critic_raises_reward_on_an_easy_task() -> None:
-    """The pieces together, outside the trainer (which gets PPO in phase 2): sample, score on
+    """The pieces together, outside the trainer (tests/test_grpo_learns.py runs the trainer's
+    ``advantage: gae`` on the agent task): sample, score on
     the last token, GAE (gamma = lambda = 1) with a separate critic, whitened advantages, the
     clipped policy loss with per-token advantages and the clipped value loss. Reward: the share
     of sampled tokens equal to 3, in a 16-token vocabulary (about 1/16 at the start)."""
@@ -259,3 +263,56 @@ def test_ppo_with_a_critic_raises_reward_on_an_easy_task() -> None:
             critic_opt.step()
     first, last = sum(scores_per_step[:3]) / 3, sum(scores_per_step[-3:]) / 3
     assert first < 0.2 and last > 0.5, scores_per_step
+
+
+def test_gae_targets_give_each_action_its_trajectory_score_minus_its_value() -> None:
+    """Two trajectories, the first with two turns (a tool response, mask 0, inside the first):
+    with gamma = lambda = 1, no KL and no whitening, every action token's return is its
+    trajectory's score and its advantage that minus the token's own value."""
+    sequences = [
+        TokenSequence((1, 2), (3, 4, 5, 6), (1, 0, 0, 1)),  # trajectory 0, turn 1
+        TokenSequence((1, 7), (8, 9), (1, 1)),  # trajectory 0, turn 2
+        TokenSequence((1, 2), (3, 4, 5), (1, 1, 1)),  # trajectory 2, one turn
+    ]
+    trajectory_ids = torch.tensor([0, 0, 2])
+    scores = torch.tensor([1.0, 0.3, 0.5])  # trajectory 1 kept no sequence
+    values = [torch.tensor([0.1, 0.0, 0.0, 0.4]), torch.tensor([0.2, 0.6]),
+              torch.tensor([0.5, -0.5, 0.0])]  # fmt: skip
+    config = CriticConfig(whiten=False)
+    advantages, returns, _ = gae_targets(sequences, trajectory_ids, scores, values, config)
+    expected_returns = [torch.tensor([1.0, 0, 0, 1.0]), torch.tensor([1.0, 1.0]),
+                        torch.full((3,), 0.5)]  # fmt: skip
+    for got, want in zip(returns, expected_returns, strict=True):
+        torch.testing.assert_close(got, want)
+    for got, ret, value, seq in zip(advantages, returns, values, sequences, strict=True):
+        mask = torch.tensor(seq.loss_mask, dtype=torch.float32)
+        torch.testing.assert_close(got, (ret - value) * mask)
+    # a KL penalty on every action token lowers the returns of the tokens before it
+    old = [torch.full((len(s.response_ids),), -1.0) for s in sequences]
+    ref = [torch.full((len(s.response_ids),), -2.0) for s in sequences]  # old - ref = 1
+    kl = CriticConfig(whiten=False, kl_reward=0.1)
+    _, penalized, metrics = gae_targets(sequences, trajectory_ids, scores, values, kl, old, ref)
+    # trajectory 0 has 4 action tokens: the first's return is 1 - 4 * 0.1
+    assert penalized[0][0].item() == pytest.approx(0.6) and metrics["reward/kl"] == 1.0
+    assert penalized[1][1].item() == pytest.approx(0.9)
+
+
+def test_critic_gradient_is_the_token_mean_whatever_the_micro_batches(tiny_path: str) -> None:
+    """Accumulated over micro-batches of different sizes, the value loss's gradient is that of
+    one pass over the whole mini-batch (token-mean), as the policy's is."""
+    critic = load_critic(tiny_path)
+    sequences = [*_sequences(), TokenSequence((4, 5, 6), (7, 8), (1, 1))]
+    old = [torch.zeros(len(s.response_ids)) for s in sequences]
+    returns = [torch.full((len(s.response_ids),), 1.0) for s in sequences]
+    config = CriticConfig(value_clip=10.0)
+    runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+
+    def gradient(plans: list[list[int]]) -> torch.Tensor:
+        critic.zero_grad()
+        batches = [collate(sequences, plan, pad_id=0) for plan in plans]
+        critic_gradients(critic, batches, old, returns, config, runtime)
+        return torch.cat([p.grad.reshape(-1) for p in critic.parameters() if p.grad is not None])
+
+    whole = gradient([[0, 1, 2]])
+    torch.testing.assert_close(gradient([[0], [1, 2]]), whole, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(gradient([[2], [0], [1]]), whole, atol=1e-6, rtol=1e-4)

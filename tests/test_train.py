@@ -20,6 +20,7 @@ from tiny_model import save_tiny_model
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.agent.replay import search_then_answer
+from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
@@ -127,6 +128,33 @@ def test_grpo_two_steps_then_resume_from_step_one(
     assert not list(resumed.glob(".step-*"))  # no staging folder left behind
 
 
+@pytest.mark.slow
+def test_ppo_with_a_critic_two_steps_then_resume_from_step_one(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    """advantage=gae: the critic trains, is checkpointed beside the policy, and resumes with
+    it exactly; a critic checkpoint missing for the policy's step is refused."""
+    ppo = [f"reward={length_reward}", "advantage=gae", "critic.kl_reward=0.01", "beta=0",
+           "entropy_coef=0.01", "critic.lr=1e-3"]  # fmt: skip
+    full = tmp_path / "full"
+    train_grpo(grpo_config(tiny, questions, full, *ppo))
+    metrics = read_metrics(full)
+    for key in ("critic/vf_loss", "critic/grad_norm", "train/entropy", "reward/kl"):
+        assert key in metrics[0], key
+    assert metrics[0]["critic/grad_norm"] > 0 and metrics[0]["train/grad_norm"] > 0
+    start = weights(full / "critic" / "step-1")
+    assert any(not torch.equal(start[k], v) for k, v in weights(full / "critic" / "step-2").items())
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "step-1", resumed / "step-1")
+    with pytest.raises(MemSearcherError, match="no checkpoint in .*critic"):
+        train_grpo(grpo_config(tiny, questions, resumed, *ppo), resume=True)
+    shutil.copytree(full / "critic" / "step-1", resumed / "critic" / "step-1")
+    train_grpo(grpo_config(tiny, questions, resumed, *ppo), resume=True)
+    assert_same_weights(full / "step-2", resumed / "step-2")
+    assert_same_weights(full / "critic" / "step-2", resumed / "critic" / "step-2")
+
+
 def weights_of_model(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
@@ -210,8 +238,6 @@ def test_sft_two_steps_then_resume_from_step_one(
 def test_resume_without_a_checkpoint_is_a_clear_error(
     tiny: Path, replay_trajectories: Path, tmp_path: Path
 ) -> None:
-    from memsearcher.errors import MemSearcherError
-
     with pytest.raises(MemSearcherError, match="no checkpoint in"):
         train_sft(sft_config(tiny, replay_trajectories, tmp_path / "none"), resume=True)
 

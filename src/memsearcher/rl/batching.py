@@ -18,6 +18,7 @@ import torch
 from memsearcher.rl.distributed import unwrap
 from memsearcher.rl.loss import token_logprobs
 from memsearcher.rl.policy import autocast
+from memsearcher.rl.ppo import entropy_from_logits
 from memsearcher.types import TokenSequence
 
 __all__ = [
@@ -134,7 +135,11 @@ def blank_batch(pad_id: int) -> MicroBatch:
 
 
 def sequence_logprobs(
-    model: Any, batch: MicroBatch, temperature: float = 1.0, compute: str | None = None
+    model: Any,
+    batch: MicroBatch,
+    temperature: float = 1.0,
+    compute: str | None = None,
+    entropy: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(B, R) log-probabilities of the last R tokens of each row under ``model``; 0 where the
     loss mask is 0.
@@ -143,7 +148,8 @@ def sequence_logprobs(
     hidden states, so tool responses inside the response window (often most of a MemSearcher
     turn) cost no (V,)-wide logits. Gradients flow when called outside ``torch.no_grad``.
     ``compute`` (e.g. "bfloat16") runs the model's forward under autocast; the log-softmax is
-    float32 either way.
+    float32 either way. ``entropy``, when given, receives the (B, R) entropies of the same
+    positions (PPO's entropy bonus), at the cost of one more pass over their logits.
     """
     device = next(model.parameters()).device
     span = batch.targets.shape[1]
@@ -163,6 +169,9 @@ def sequence_logprobs(
     targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
     picked = token_logprobs(logits, targets, temperature)[0]  # (N,)
     out = picked.new_zeros(batch.targets.shape)  # (B, R)
+    if entropy is not None:  # of softmax(logits / T), as the log-probs, with its gradient
+        per_token = entropy_from_logits(logits[0] / temperature)  # (N,)
+        entropy.append(out.index_put((rows, cols), per_token.to(out.dtype)))
     return out.index_put((rows, cols), picked)
 
 

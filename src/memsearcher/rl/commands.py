@@ -1,4 +1,4 @@
-"""``memsearcher train grpo|sft --config FILE [--resume] [key=value ...]``."""
+"""``memsearcher train grpo|ppo|sft --config FILE [--resume] [key=value ...]``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_co
 
 _TRAINERS: dict[str, tuple[type[GRPOConfig] | type[SFTConfig], str]] = {
     "grpo": (GRPOConfig, "multi-context GRPO with the agent in the loop"),
+    "ppo": (GRPOConfig, "PPO with a critic (MEM1's algorithm): the GRPO loop with advantage=gae"),
     "sft": (SFTConfig, "supervised fine-tuning on trajectory JSONL (distillation baseline)"),
 }
 
@@ -18,7 +19,7 @@ _TRAINERS: dict[str, tuple[type[GRPOConfig] | type[SFTConfig], str]] = {
 def add_train_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "train",
-        help="train a policy (GRPO or SFT)",
+        help="train a policy (GRPO, PPO or SFT)",
         description="Train a policy. Runs as one process, or under torchrun / accelerate "
         "launch with one data-parallel rank per process.",
     )
@@ -43,7 +44,9 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config_class, _ = _TRAINERS[args.trainer]
-    config: GRPOConfig | SFTConfig = load_config(config_class, args.config, args.overrides)
+    # ppo is grpo with the critic's advantage; a preset or an override may say so again
+    overrides = ["advantage=gae", *args.overrides] if args.trainer == "ppo" else args.overrides
+    config: GRPOConfig | SFTConfig = load_config(config_class, args.config, overrides)
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0

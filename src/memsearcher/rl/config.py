@@ -25,6 +25,8 @@ from memsearcher.agent.base import AgentConfig
 from memsearcher.errors import MemSearcherError
 
 __all__ = [
+    "ADVANTAGES",
+    "CriticConfig",
     "GRPOConfig",
     "ModelConfig",
     "OptimConfig",
@@ -40,6 +42,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Below this lr, AdamW's steps (about lr per update) are smaller than half the bfloat16 spacing
 # (|w| / 512) of every weight larger than lr * 512 (0.05 at 1e-4): such weights never move.
 LOW_PRECISION_MIN_LR = 1e-4
+
+ADVANTAGES = ("grpo", "gae")
+"""grpo: each trajectory's group-normalized reward on all its tokens (DESIGN.md section 6);
+gae: PPO with a critic, per-token advantages by GAE (MEM1's algorithm, `memsearcher.rl.critic`)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,35 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class CriticConfig:
+    """The value model of ``advantage: gae``. Defaults are MEM1's (veRL's PPO)."""
+
+    path: str | None = None
+    """Where the critic starts (an HF folder or hub id, or "embedded"); None: model.path."""
+    lr: float = 1e-5
+    """The critic's AdamW learning rate (MEM1: ten times the actor's)."""
+    value_clip: float = 0.5
+    """How far a value may move from its old value before its error stops counting."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 1.0
+    """GAE lambda."""
+    kl_reward: float = 0.0
+    """Per-token reward penalty kl_reward * (log pi_old - log pi_ref) (MEM1: 0.001)."""
+    whiten: bool = True
+    """Whiten the advantages over the step's action tokens on each rank (as veRL)."""
+
+    def __post_init__(self) -> None:
+        _require(self, "lr", _finite(self.lr) and self.lr > 0, "a finite number > 0")
+        _require(self, "value_clip", _finite(self.value_clip) and self.value_clip >= 0,
+                 "a finite number >= 0")  # fmt: skip
+        _require(self, "gamma", _finite(self.gamma) and 0 <= self.gamma <= 1, "in [0, 1]")
+        _require(self, "lam", _finite(self.lam) and 0 <= self.lam <= 1, "in [0, 1]")
+        _require(self, "kl_reward", _finite(self.kl_reward) and self.kl_reward >= 0,
+                 "a finite number >= 0")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     """Multi-context GRPO (DESIGN.md section 6). Defaults are the paper's reference values."""
 
@@ -153,6 +188,10 @@ class GRPOConfig:
     """token-mean, sequence-mean or trajectory-mean (memsearcher.rl.loss.AGGREGATIONS)."""
     reward: str = "graded"
     """A key of memsearcher.rl.rewards.REWARDS."""
+    advantage: str = "grpo"
+    """grpo (group-normalized, one per trajectory) or gae (PPO with a critic, section critic)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus on action tokens (MEM1: 0.001)."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group's std."""
     filter_degenerate: bool = False
@@ -171,6 +210,8 @@ class GRPOConfig:
     """Optimizer and schedule."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Turn budget, memory cap, generation budgets."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model, used with advantage: gae."""
 
     def __post_init__(self) -> None:
         _check_grpo(self)
@@ -287,6 +328,12 @@ def _check_grpo(config: GRPOConfig) -> None:
     _require(config, "steps", config.steps >= 0, ">= 0 (0: one pass over the questions)")
     _require(config, "sample_every", config.sample_every >= 0, ">= 0 (0 disables)")
     _require(config, "seed", config.seed >= 0, ">= 0")
+    _require(config, "advantage", config.advantage in ADVANTAGES, f"one of {list(ADVANTAGES)}")
+    _require(config, "entropy_coef", _finite(config.entropy_coef) and config.entropy_coef >= 0,
+             "a finite number >= 0")  # fmt: skip
+    if config.advantage == "gae":
+        rule = "false with advantage: gae (groups are GRPO's; the critic learns from all)"
+        _require(config, "filter_degenerate", not config.filter_degenerate, rule)
 
 
 def _positive(config: Any, *names: str) -> None:

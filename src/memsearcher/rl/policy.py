@@ -19,7 +19,14 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import ModelConfig
 from memsearcher.rl.distributed import Runtime
 
-__all__ = ["Precision", "autocast", "frozen_copy", "load_policy", "resolve_precision"]
+__all__ = [
+    "Precision",
+    "autocast",
+    "disable_dropout",
+    "frozen_copy",
+    "load_policy",
+    "resolve_precision",
+]
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ def load_policy(config: ModelConfig, runtime: Runtime, precision: Precision) -> 
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=precision.weights)
     except OSError as error:
         raise MemSearcherError(f"cannot load model {path!r}: {error}") from error
-    _disable_dropout(model)
+    disable_dropout(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -85,7 +92,7 @@ def load_policy(config: ModelConfig, runtime: Runtime, precision: Precision) -> 
     return model, tokenizer
 
 
-def _disable_dropout(model: torch.nn.Module) -> None:
+def disable_dropout(model: torch.nn.Module) -> None:
     """Dropout off everywhere: with it, log-probs of the same weights differ between the
     old-policy pass and the update, and the ratio is no longer 1 on-policy (TRL's
     ``disable_dropout`` does the same)."""

@@ -4,6 +4,10 @@ Each step: roll out G trajectories for each of this rank's questions; score them
 rewards within each group; give every turn sequence its trajectory's advantage; recompute the
 old (and reference) log-probs; run PPO epochs over mini-batches with gradient accumulation;
 log; checkpoint. MemSearcher and ReAct share this path: a ReAct trajectory is one sequence.
+
+With ``advantage: gae`` the same loop is PPO with a critic (MEM1's algorithm): advantages come
+per token from GAE over each trajectory's turns instead of per group, and the critic takes one
+update of its clipped value loss beside every policy update (`memsearcher.rl.critic`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,7 @@ from memsearcher.rl.batching import (
 )
 from memsearcher.rl.checkpoint import resume_step, save_checkpoint
 from memsearcher.rl.config import GRPOConfig, config_to_dict
+from memsearcher.rl.critic import critic_gradients, gae_targets, response_values
 from memsearcher.rl.distributed import (
     Runtime,
     any_rank,
@@ -54,9 +60,17 @@ from memsearcher.rl.distributed import (
 from memsearcher.rl.loss import AGGREGATIONS, policy_loss
 from memsearcher.rl.metrics_log import MetricsLog
 from memsearcher.rl.optim import make_optimizer, make_scheduler
-from memsearcher.rl.policy import autocast, frozen_copy, load_policy, resolve_precision
+from memsearcher.rl.policy import (
+    Precision,
+    autocast,
+    disable_dropout,
+    frozen_copy,
+    load_policy,
+    resolve_precision,
+)
 from memsearcher.rl.rewards import get_reward
 from memsearcher.rl.seeding import draw, seed_everything
+from memsearcher.rl.value import Critic, load_critic
 from memsearcher.types import TokenSequence, Trajectory
 
 __all__ = ["accumulate_gradients", "learner_sequences", "train_grpo"]
@@ -93,7 +107,9 @@ def train_grpo(
     # Full fine-tuning keeps a frozen copy of the start as the KL reference; LoRA gets it for
     # free by switching its adapters off.
     lora = hasattr(model, "disable_adapter")
-    reference = frozen_copy(model, precision) if config.beta > 0 and not lora else None
+    gae = config.advantage == "gae"
+    needs_ref = config.beta > 0 or (gae and config.critic.kl_reward > 0)
+    reference = frozen_copy(model, precision) if needs_ref and not lora else None
     llm = HFModel(model, hf_tokenizer, batch_size=config.model.rollout_batch_size)
     pad_id = llm.tokenizer.pad_token_id
     learner = wrap_for_training(model, runtime, config.model.distributed)
@@ -101,6 +117,16 @@ def train_grpo(
     total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
     scheduler = make_scheduler(optimizer, config.optim, total_steps * config.updates_per_step)
     start = resume_step(output, resume, model, optimizer, scheduler, runtime)
+    if gae:
+        critic, critic_learner, critic_optimizer, critic_scheduler = setup_critic(
+            config, runtime, precision, total_steps * config.updates_per_step
+        )
+        critic_state = (critic_learner.model, critic_optimizer, critic_scheduler)
+        if resume_step(output / "critic", resume, *critic_state, runtime) != start:
+            raise MemSearcherError(
+                f"{output / 'critic'}: the critic's last checkpoint is not of step {start}, the "
+                "policy's; resume from a step where both were saved"
+            )
     log = MetricsLog(output, runtime, config.tensorboard, echo)
     log.config(config_to_dict(config))
     group = config.group_size
@@ -134,7 +160,7 @@ def train_grpo(
             trajectories = run_lockstep(episodes, llm, retriever, sampling)
         rollout_time = time.perf_counter() - step_start
 
-        # 2. Rewards, then group-relative advantages.
+        # 2. Rewards, then group-relative advantages (with GAE, for the metrics only).
         rewards = torch.tensor([reward_fn(t) for t in trajectories], dtype=torch.float32)
         advantages, metrics = group_advantages(rewards, group, config.normalize_std)
         metrics.update(rollout_metrics(trajectories, rewards))
@@ -154,7 +180,7 @@ def train_grpo(
                 precision.compute,
             )  # fmt: skip
         ref: list[torch.Tensor] | None = None
-        if config.beta > 0:
+        if needs_ref:
             with gathered(model), model.disable_adapter() if lora else nullcontext():
                 ref = response_logprobs(
                     reference if reference is not None else model,
@@ -164,6 +190,16 @@ def train_grpo(
                     config.temperature,
                     precision.compute,
                 )
+        per_token: list[torch.Tensor] | torch.Tensor = adv_all
+        if gae:  # PPO: per-token advantages and returns from the critic's values
+            with gathered(critic.model):
+                values = response_values(
+                    critic, sequences, config.micro_batch_tokens, pad_id, precision.compute
+                )
+            per_token, returns, reward_parts = gae_targets(
+                sequences, traj_all, rewards, values, config.critic, old, ref
+            )
+            metrics.update(reward_parts)
 
         # 5. PPO epochs over mini-batches of questions; accumulate, then one optimizer step.
         # A mini-batch with no learning signal on any rank is skipped by all of them: a
@@ -174,22 +210,24 @@ def train_grpo(
         batches = []
         updates = skipped = 0
         for members in mini_batches(traj_all, per_rank, group, config, step):
-            if not any_rank(has_signal(members, adv_all, config.beta), runtime):
+            if not gae and not any_rank(has_signal(members, adv_all, config.beta), runtime):
                 skipped += 1
                 continue
             micro = learner_batches(sequences, members, lengths, traj_all, pad_id, config)
             micro = even_out(micro, learner, runtime)
             parts = accumulate_gradients(
-                learner, micro, old, ref, adv_all, traj_all, config, runtime, precision.compute
+                learner, micro, old, ref, per_token, traj_all, config, runtime, precision.compute
             )
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad],
-                config.optim.max_grad_norm or float("inf"),
-            )
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            parts["train/grad_norm"] = grad_norm.item()
+            parts["train/grad_norm"] = optimizer_step(model, optimizer, scheduler, config)
+            if gae:
+                parts.update(
+                    critic_gradients(
+                        critic_learner, micro, values, returns, config.critic, runtime,
+                        precision.compute,
+                    )
+                )  # fmt: skip
+                norm = optimizer_step(critic.model, critic_optimizer, critic_scheduler, config)
+                parts["critic/grad_norm"] = norm
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
             batches += micro
@@ -214,10 +252,46 @@ def train_grpo(
         if step % config.save_every == 0 or step == total_steps:
             state = {"kind": "grpo", "data_position": step * config.questions_per_step}
             save_checkpoint(output, step, model, hf_tokenizer, optimizer, scheduler, state, runtime)
+            if gae:
+                save_checkpoint(
+                    output / "critic", step, critic_learner.model, hf_tokenizer,
+                    critic_optimizer, critic_scheduler, state, runtime,
+                )  # fmt: skip
         bar.update(1)
     bar.close()
     log.close()
     return model
+
+
+def setup_critic(
+    config: GRPOConfig, runtime: Runtime, precision: Precision, updates: int
+) -> tuple[Critic, Critic, torch.optim.Optimizer, Any]:
+    """The critic as it scores rollouts and as the ranks train it (one set of weights), its
+    AdamW at ``critic.lr`` (the policy's other optimizer settings) and its schedule."""
+    path = config.critic.path or config.model.path
+    if path == "embedded":
+        from memsearcher.llm.embedded import embedded_model_path
+
+        path = str(embedded_model_path())
+    model = load_critic(path, str(runtime.device), precision.weights).model
+    disable_dropout(model)
+    optim = replace(config.optim, lr=config.critic.lr)
+    optimizer = make_optimizer(model, optim)
+    scheduler = make_scheduler(optimizer, optim, updates)
+    learner = Critic(wrap_for_training(model, runtime, config.model.distributed))
+    return Critic(model), learner, optimizer, scheduler
+
+
+def optimizer_step(model: Any, optimizer: Any, scheduler: Any, config: GRPOConfig) -> float:
+    """Clip the accumulated gradient, step, advance the schedule; the norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad],
+        config.optim.max_grad_norm or float("inf"),
+    )
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm.item())
 
 
 def learner_sequences(
@@ -282,7 +356,7 @@ def accumulate_gradients(
     batches: list[MicroBatch],
     old: list[torch.Tensor],
     ref: list[torch.Tensor] | None,
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | list[torch.Tensor],
     trajectory_ids: torch.Tensor,
     config: GRPOConfig,
     runtime: Runtime,
@@ -294,7 +368,9 @@ def accumulate_gradients(
     mini-batch; returns the loss metrics weighted the same way (their mean over ranks is the
     mini-batch's). Every rank must call this.
 
-    ``old``/``ref``: per sequence, response log-probs; ``advantages``/``trajectory_ids``: (S,).
+    ``old``/``ref``: per sequence, response log-probs; ``trajectory_ids``: (S,);
+    ``advantages``: (S,), one per sequence (GRPO), or per sequence its response's (PPO).
+    With ``config.entropy_coef`` > 0 the loss subtracts that times the aggregated entropy.
     """
     units = AGGREGATIONS[config.aggregation].units
 
@@ -306,20 +382,29 @@ def accumulate_gradients(
     total = sum_over_ranks(sum(count(b) for b in batches), runtime)
     # the same keys on every rank, blank or not, for `reduce_mean`
     keys = [*LOSS_METRICS, *(["train/kl"] if ref is not None else [])]
+    keys += ["train/entropy"] if config.entropy_coef > 0 else []
+    aggregate = AGGREGATIONS[config.aggregation].reduce
     sums = dict.fromkeys(keys, 0.0)
     for k, batch in enumerate(batches):
         index = list(batch.indices)
         weight = count(batch) * runtime.world_size / max(total, 1.0)
         with no_sync(learner, sync=k == len(batches) - 1):
-            logprobs = sequence_logprobs(learner, batch, config.temperature, compute)  # (B, R)
+            entropy: list[torch.Tensor] | None = [] if config.entropy_coef > 0 else None
+            logprobs = sequence_logprobs(
+                learner, batch, config.temperature, compute, entropy
+            )  # (B, R)
             if weight == 0:  # a pass that only keeps the ranks' collectives in step
                 (logprobs.sum() * 0.0).backward()
                 continue
             device = logprobs.device
+            if isinstance(advantages, torch.Tensor):
+                batch_advantages = advantages[index]  # (B,)
+            else:
+                batch_advantages = right_aligned(advantages, batch)  # (B, R)
             loss, parts = policy_loss(
                 logprobs,
                 right_aligned(old, batch).to(device),
-                advantages[index].to(device),
+                batch_advantages.to(device),
                 batch.loss_mask.to(device),
                 config.clip_low,
                 config.clip_high,
@@ -328,6 +413,11 @@ def accumulate_gradients(
                 aggregation=config.aggregation,
                 trajectory_ids=trajectory_ids[index].to(device),
             )
+            if entropy:
+                mask = batch.loss_mask.to(device)
+                bonus = aggregate(entropy[0], mask, trajectory_ids[index].to(device))
+                loss = loss - config.entropy_coef * bonus
+                parts["train/entropy"] = bonus.detach()
             (loss * weight).backward()
         for key, part in {"train/loss": loss.detach(), **parts}.items():
             sums[key] += float(part) * weight
