@@ -11,7 +11,7 @@ import torch
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import OptimConfig
 
-__all__ = ["SCHEDULES", "make_optimizer", "make_scheduler"]
+__all__ = ["SCHEDULES", "make_optimizer", "make_scheduler", "optimizer_step"]
 
 
 def make_optimizer(model: Any, config: OptimConfig) -> torch.optim.Optimizer:
@@ -49,3 +49,16 @@ def make_scheduler(
         return shape((update - warmup) / max(1, total_updates - warmup))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_step(model: Any, optimizer: Any, scheduler: Any, config: OptimConfig) -> float:
+    """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping), step, advance the
+    schedule, clear the gradients; returns the norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad],
+        config.max_grad_norm or float("inf"),
+    )
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm.item())

@@ -59,7 +59,7 @@ from memsearcher.rl.distributed import (
 )
 from memsearcher.rl.loss import AGGREGATIONS, policy_loss
 from memsearcher.rl.metrics_log import MetricsLog
-from memsearcher.rl.optim import make_optimizer, make_scheduler
+from memsearcher.rl.optim import make_optimizer, make_scheduler, optimizer_step
 from memsearcher.rl.policy import (
     Precision,
     autocast,
@@ -218,7 +218,7 @@ def train_grpo(
             parts = accumulate_gradients(
                 learner, micro, old, ref, per_token, traj_all, config, runtime, precision.compute
             )
-            parts["train/grad_norm"] = optimizer_step(model, optimizer, scheduler, config)
+            parts["train/grad_norm"] = optimizer_step(model, optimizer, scheduler, config.optim)
             if gae:
                 parts.update(
                     critic_gradients(
@@ -226,7 +226,9 @@ def train_grpo(
                         precision.compute,
                     )
                 )  # fmt: skip
-                norm = optimizer_step(critic.model, critic_optimizer, critic_scheduler, config)
+                norm = optimizer_step(
+                    critic.model, critic_optimizer, critic_scheduler, config.optim
+                )
                 parts["critic/grad_norm"] = norm
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
@@ -280,18 +282,6 @@ def setup_critic(
     scheduler = make_scheduler(optimizer, optim, updates)
     learner = Critic(wrap_for_training(model, runtime, config.model.distributed))
     return Critic(model), learner, optimizer, scheduler
-
-
-def optimizer_step(model: Any, optimizer: Any, scheduler: Any, config: GRPOConfig) -> float:
-    """Clip the accumulated gradient, step, advance the schedule; the norm before clipping."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        [p for p in model.parameters() if p.requires_grad],
-        config.optim.max_grad_norm or float("inf"),
-    )
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm.item())
 
 
 def learner_sequences(

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from memsearcher.errors import MemSearcherError
@@ -30,7 +29,7 @@ from memsearcher.rl.distributed import (
     wrap_for_training,
 )
 from memsearcher.rl.metrics_log import MetricsLog
-from memsearcher.rl.optim import make_optimizer, make_scheduler
+from memsearcher.rl.optim import make_optimizer, make_scheduler, optimizer_step
 from memsearcher.rl.policy import load_policy, resolve_precision
 from memsearcher.rl.seeding import draw, seed_everything
 from memsearcher.types import TokenSequence, Trajectory
@@ -119,18 +118,12 @@ def train_sft(
                 loss = -(logprobs * mask).sum() / max(tokens, 1.0)
                 loss.backward()
             nll += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad],
-            config.optim.max_grad_norm or float("inf"),
-        )
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(model, optimizer, scheduler, config.optim)
 
         elapsed = time.perf_counter() - step_start
         metrics = {
             "train/loss": nll,
-            "train/grad_norm": grad_norm.item(),
+            "train/grad_norm": grad_norm,
             "train/lr": float(scheduler.get_last_lr()[0]),
             "train/tokens": tokens,
             "train/padding_share": padding_share(batches),
