@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -37,6 +38,14 @@ from memsearcher.retrieval.encoder import (
     embedded_encoder_path,
     require,
     resolve_prefixes,
+)
+from memsearcher.retrieval.rerank import (
+    ivf_payload_bytes,
+    mapped_bytes,
+    memory_record,
+    open_embeddings,
+    rerank,
+    rss_anon_bytes,
 )
 from memsearcher.retrieval.manifest import (
     OFFSETS,
@@ -78,6 +87,11 @@ class FaissConfig:
     """PQ: bits per sub-quantizer code."""
     opq: bool = False
     """IVF-PQ: learn a rotation first (OPQ), for better recall at the same size."""
+    rerank: bool = False
+    """IVF-PQ: keep the float16 embeddings and re-rank candidates by exact inner products read
+    through a memory map (``memsearcher.retrieval.rerank``): flat's answers at IVF-PQ's memory."""
+    candidates: int = 50
+    """Re-rank: candidates the codes return per query (at least top_n are always taken)."""
     train_size: int = 100_000
     """IVF-PQ: at most this many vectors train the quantizers."""
     threads: int | None = None
@@ -86,6 +100,10 @@ class FaissConfig:
     def __post_init__(self) -> None:
         if self.kind not in FAISS_KINDS:
             raise IndexFolderError(f"unknown FAISS index {self.kind!r}; known: {FAISS_KINDS}")
+        if self.rerank and self.kind != "ivfpq":
+            raise IndexFolderError(f"rerank applies to ivfpq indexes, not {self.kind}")
+        if self.candidates < 1 or self.nprobe < 1:
+            raise IndexFolderError("candidates and nprobe must be at least 1")
 
 
 FAISS_KINDS = ("flat", "hnsw", "ivfpq")
@@ -129,13 +147,7 @@ def _encode_corpus(
 
 
 def _open_embeddings(folder: Path, rows: int, dim: int) -> np.ndarray:
-    path = folder / EMBEDDINGS_FILE
-    if rows == 0:
-        return np.zeros((0, dim), np.float16)
-    expected = rows * dim * 2
-    if not path.is_file() or path.stat().st_size != expected:
-        raise IndexFolderError(f"{path}: expected {rows} x {dim} float16 embeddings")
-    return np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
+    return open_embeddings(folder / EMBEDDINGS_FILE, rows, dim)
 
 
 def default_nlist(rows: int) -> int:
@@ -164,7 +176,10 @@ def _make_faiss(config: FaissConfig, dim: int, rows: int) -> Any:
         )  # fmt: skip
     nlist = config.nlist or default_nlist(rows)
     rotation = f"OPQ{config.pq_m}," if config.opq else ""
-    spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}"
+    # "np": no polysemous training, which index_factory runs for 8-bit codes by default; it
+    # only serves Hamming-threshold search, which we never use, and took 217 s of a 218 s
+    # build of 1,000 vectors here
+    spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}np"
     return faiss.index_factory(dim, spec, ip)
 
 
@@ -242,6 +257,7 @@ def build_dense(
         faiss_index = build_faiss(embeddings, faiss_config, progress)
         faiss.write_index(faiss_index, str(tmp / FAISS_FILE))
         del embeddings
+        keep_embeddings = keep_embeddings or faiss_config.rerank
         if not keep_embeddings:
             (tmp / EMBEDDINGS_FILE).unlink()
         index_bytes = (tmp / FAISS_FILE).stat().st_size
@@ -264,6 +280,7 @@ def build_dense(
                 "kept_embeddings": keep_embeddings,
                 "index_bytes": index_bytes,
                 "bytes_per_passage": round((index_bytes + 8 * rows) / max(rows, 1), 1),
+                "memory": _memory(faiss_index, index_bytes, rows, dim, faiss_config.rerank),
             },
             encode_seconds=round(encode_seconds, 3),
             index_seconds=round(time.perf_counter() - built, 3),
@@ -286,6 +303,14 @@ def _reuse_embeddings(
     return np.load(folder / OFFSETS), donor["dense"]["dim"], donor["dense"]["encoder"]
 
 
+def _memory(index: Any, index_bytes: int, rows: int, dim: int, rerank: bool) -> dict[str, Any]:
+    """Resident and disk bytes (see ``rerank.memory_record``); the whole index is resident for
+    kinds other than IVF-PQ, and only re-ranking indexes count the embeddings file."""
+    payload = ivf_payload_bytes(index) if _nlist(index) is not None else index_bytes
+    record = memory_record(index_bytes, payload, rows, dim if rerank else 0)
+    return {**record, "rerank_file": EMBEDDINGS_FILE if rerank else None}
+
+
 def _nlist(index: Any) -> int | None:
     faiss = require("faiss")
     try:
@@ -304,6 +329,10 @@ class DenseIndex:
     encoder: Encoder
     store: PassageStore
     search_params: dict[str, Any] = field(default_factory=dict)
+    embeddings: np.ndarray | None = None
+    """Re-ranking indexes: the float16 embeddings, memory-mapped; else None."""
+    load_rss_anon_bytes: int | None = None
+    """Anonymous memory that reading the FAISS index and offsets added to this process."""
     kind = "dense"
 
     @classmethod
@@ -314,31 +343,38 @@ class DenseIndex:
         *,
         ef_search: int | None = None,
         nprobe: int | None = None,
+        candidates: int | None = None,
         devices: Sequence[str] | None = None,
         gpu: bool = False,
         mmap: bool = False,
     ) -> DenseIndex:
-        """Open a dense index. ``ef_search`` / ``nprobe`` override the built settings;
-        ``devices`` the encoder's devices; ``gpu`` moves the FAISS index to all GPUs (needs a
-        GPU build of FAISS); ``mmap`` maps the index file instead of reading it (server workers
-        then share one copy through the page cache)."""
+        """Open a dense index. ``ef_search`` / ``nprobe`` / ``candidates`` override the built
+        settings; ``devices`` the encoder's devices; ``gpu`` moves the FAISS index to all GPUs
+        (needs a GPU build of FAISS); ``mmap`` maps the index file instead of reading it
+        (server workers then share one copy through the page cache). A re-ranking index's
+        embeddings are always memory-mapped, shared the same way."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest["kind"] != cls.kind:
             raise IndexFolderError(f"{folder} holds a {manifest['kind']} index, not dense")
-        store = open_store(folder, manifest, corpus)
         faiss = require("faiss")
+        before = rss_anon_bytes()
+        store = open_store(folder, manifest, corpus)
         flags = faiss.IO_FLAG_MMAP if mmap else 0
         index = faiss.read_index(str(folder / FAISS_FILE), flags)
         if index.ntotal != len(store):
             raise IndexFolderError(
                 f"index {folder} is damaged: {index.ntotal} vectors for {len(store)} passages"
             )
+        record = manifest["dense"]
+        embeddings = None
+        if record["faiss"].get("rerank"):
+            embeddings = _open_embeddings(folder, len(store), record["dim"])
+        after = rss_anon_bytes()
         if gpu:
             if not hasattr(faiss, "index_cpu_to_all_gpus"):
                 raise MemSearcherError("gpu=True needs a GPU build of FAISS (faiss-gpu)")
             index = faiss.index_cpu_to_all_gpus(index)
-        record = manifest["dense"]
         config = record["encoder"]
         encoder_config = EncoderConfig(
             **{k: v for k, v in config.items() if k in EncoderConfig.__dataclass_fields__}
@@ -351,8 +387,12 @@ class DenseIndex:
             "ef_search": record["faiss"]["ef_search"] if ef_search is None else ef_search,
             "nprobe": record["faiss"]["nprobe"] if nprobe is None else nprobe,
         }
+        if embeddings is not None:
+            built = record["faiss"]["candidates"]
+            params["candidates"] = built if candidates is None else candidates
         _apply_search_params(index, params)
-        return cls(folder, manifest, index, encoder, store, params)
+        grown = None if before is None or after is None else after - before
+        return cls(folder, manifest, index, encoder, store, params, embeddings, grown)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -364,8 +404,26 @@ class DenseIndex:
         k = min(top_n, len(self))
         if k == 0 or len(vectors) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in vectors]
-        scores, rows = self.index.search(vectors, k)
+        if self.embeddings is None:
+            scores, rows = self.index.search(vectors, k)
+        else:
+            wanted = min(max(k, int(self.search_params["candidates"])), len(self))
+            _, candidates = self.index.search(vectors, wanted)
+            rows, scores = rerank(self.embeddings, vectors, candidates, k)
         return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores, strict=True)]
+
+    def memory(self) -> dict[str, Any]:
+        """The manifest's resident and disk figures, and what this process measures now: the
+        anonymous memory loading the index took, and the re-rank file's pages mapped here
+        (page cache, shared by every process that maps the file; reported apart)."""
+        record = dict(self.manifest["dense"].get("memory") or {})
+        record["load_rss_anon_bytes"] = self.load_rss_anon_bytes
+        record["pid"] = os.getpid()
+        if self.embeddings is not None:
+            mapped = mapped_bytes(self.folder / EMBEDDINGS_FILE)
+            record["rerank_file_mapped_rss_bytes"] = mapped.get("rss")
+            record["rerank_file_private_bytes"] = mapped.get("anonymous")
+        return record
 
     def search_rows(
         self, queries: Sequence[str], top_n: int
