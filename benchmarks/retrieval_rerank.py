@@ -1,19 +1,22 @@
 """Two-stage dense retrieval benchmark: IVF-PQ codes in RAM, exact re-ranking from float16 on disk.
 
-    python benchmarks/retrieval_rerank.py --cache /work/wt/issue16-out/windows
-    python benchmarks/retrieval_rerank.py --windows 5000 --generated 20000   # a smoke run
+    python benchmarks/retrieval_rerank.py --rerank-cache ~/.cache/ms-windows
+    python benchmarks/retrieval_rerank.py --windows 4096 --rerank-generated 8000 \
+        --rerank-queries 100 --nprobe 4,8 --candidates 20,50    # a smoke run
+
+``benchmarks/retrieval.py`` runs this too, after its own sections (``--skip-rerank``).
 
 Real vectors: the ~10k embedded Wikipedia summaries split into sentence windows (every run of 1,
 2 and 3 consecutive sentences, titled), encoded with the packaged all-MiniLM-L6-v2. Encoding is
-slow on a small CPU, so the vectors are cached under ``--cache`` in chunks and a run resumes
+slow on a small CPU, so the vectors are cached under ``--rerank-cache`` in chunks and a run resumes
 where the last one stopped. Queries: the eval files' questions (``configs/data``), "what is
 <title>?" questions, and single sentences taken from the passages. Recall@k is the share of
 flat's (exact) top k that a setting returns; queries/s are search alone on encoded queries,
 re-ranking included.
 
-Generated vectors (normalized mixtures of two real vectors plus noise) extend the collection to
-``--generated`` vectors, and the same settings run on a generated collection of the real one's
-size, to show how far generated vectors are from real ones.
+Generated vectors (normalized mixtures of two real vectors plus noise) extend the collection
+to ``--rerank-generated`` vectors, and the same settings run on a generated collection of the
+real one's size, to show how far generated vectors are from real ones.
 
 The report also measures FAISS's own refine stage (``IndexRefine`` with a float16
 ``IndexScalarQuantizer``, ``k_factor``), against the numpy gather-and-dot over the memory map that
@@ -135,7 +138,9 @@ def query_sets(windows: list[Passage], n: int, seed: int) -> dict[str, list[str]
 
 
 def recall(found: np.ndarray, truth: np.ndarray, k: int) -> float:
-    return float(np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(found, truth)]))
+    return float(
+        np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(found, truth, strict=True)])
+    )
 
 
 def build_ivfpq(vectors: np.ndarray, pq_m: int, opq: bool, train_size: int) -> tuple[Any, float]:
@@ -167,7 +172,7 @@ def two_stage_rows(
     import faiss
 
     n, dim = vectors.shape
-    emb_path = work / f"{label}.f16"
+    emb_path = work / f"{label.replace('/', '-').replace(' ', '-')}.f16"
     np.ascontiguousarray(vectors, dtype=np.float16).tofile(emb_path)
     emb = open_embeddings(emb_path, n, dim)
     flat = faiss.IndexFlatIP(dim)
@@ -178,10 +183,10 @@ def two_stage_rows(
         "set": label, "setting": "flat", "recall@5": 1.0, "recall@10": 1.0, "qps": flat_qps,
         "resident_bpp": 4 * dim + 8, "disk_bpp": 4 * dim + 8,
     }]  # fmt: skip
-    del flat
+    flat.reset()  # free its float32 copy
     for pq_m, opq in args.pq:
         log(f"{label}: IVF-PQ{pq_m} opq={opq} over {n}")
-        index, build = build_ivfpq(vectors, pq_m, opq, args.train_size)
+        index, build = build_ivfpq(vectors, pq_m, opq, args.rerank_train_size)
         size = index_bytes(index, work)
         resident = size / n + 8  # codes, ids, quantizers; + 8-byte corpus offsets
         ivf = faiss.extract_index_ivf(index)
@@ -190,7 +195,7 @@ def two_stage_rows(
             ivf.nprobe = nprobe
             for candidates in [0, *args.candidates]:
 
-                def search(c: int = candidates) -> np.ndarray:
+                def search(c: int = candidates, index: Any = index) -> np.ndarray:
                     _, found = index.search(queries, max(c, 10))
                     return rerank_rows(emb, queries, found, 10) if c else found
 
@@ -225,7 +230,9 @@ def faiss_refine_rows(
     import faiss
 
     n, dim = vectors.shape
-    refine = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+    refine = faiss.IndexScalarQuantizer(
+        dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+    )
     refine.add(np.asarray(vectors, dtype=np.float32))
     both = faiss.IndexRefine(index, refine)
     path = work / "refine.faiss"
@@ -254,3 +261,123 @@ def faiss_refine_rows(
                 })  # fmt: skip
     path.unlink()
     return rows
+
+
+def cold_row(
+    label: str, vectors: np.ndarray, queries: np.ndarray, pq_m: int, nprobe: int,
+    candidates: int, args: argparse.Namespace, work: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """One run of a setting with the re-rank file dropped from the page cache first
+    (``posix_fadvise(DONTNEED)`` on that file only): the first queries after a restart."""
+    import faiss
+
+    n, dim = vectors.shape
+    path = work / "cold.f16"
+    np.ascontiguousarray(vectors, dtype=np.float16).tofile(path)
+    index, _ = build_ivfpq(vectors, pq_m, False, args.rerank_train_size)
+    faiss.extract_index_ivf(index).nprobe = nprobe
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    emb = open_embeddings(path, n, dim)
+    started = time.perf_counter()
+    _, found = index.search(queries, candidates)
+    rerank_rows(emb, queries, found, 10)
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return {"set": label, "setting": f"PQ{pq_m} nprobe={nprobe} cold page cache",
+            "candidates": candidates, "qps": len(queries) / seconds}  # fmt: skip
+
+
+def rerank_section(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from memsearcher.retrieval.dense import Encoder, EncoderConfig
+
+    windows, real, rate = encoded_windows(args.rerank_cache, args.windows)
+    n = len(real)
+    log(f"{n} real vectors ({rate:.0f} passages/s encoded this run)")
+    encoder = Encoder(EncoderConfig())
+    sets = query_sets(windows, args.rerank_queries, args.seed)
+    encoded = {name: encoder.queries(texts) for name, texts in sets.items()}
+    rows: list[dict[str, Any]] = []
+    for name, queries in encoded.items():
+        rows += two_stage_rows(f"real/{name}", real, queries, args, work, name == "sentences")
+    # generated vectors: as many as the real ones (to compare), and more (to extrapolate)
+    questions = encoded["questions"]
+    same = generated_vectors(real, n, args.seed)
+    rows += two_stage_rows("generated/questions", same, questions, args, work, False)
+    if args.rerank_generated > n:
+        big = np.concatenate(
+            [real, generated_vectors(real, args.rerank_generated - n, args.seed + 1)]
+        )
+        small_args = argparse.Namespace(**{**vars(args), "candidates": [50, 100]})
+        rows += two_stage_rows(f"real+generated {len(big)}/questions", big, questions,
+                               small_args, work, False)  # fmt: skip
+    pq_m, nprobe, candidates = args.cold_setting
+    rows.append(cold_row("real/sentences", real, encoded["sentences"], pq_m, nprobe,
+                         candidates, args, work))  # fmt: skip
+    return {
+        "real_vectors": n,
+        "dim": int(real.shape[1]),
+        "encode_passages_per_second": rate,
+        "queries": {name: len(q) for name, q in encoded.items()},
+        "rows": rows,
+    }
+
+
+def print_rows(section: dict[str, Any]) -> None:
+    print(f"\n== two-stage dense: {section['real_vectors']:,} real MiniLM vectors "
+          f"(dim {section['dim']}), queries {section['queries']} ==")  # fmt: skip
+    head = ("set", "setting", "cands", "R@5", "R@10", "q/s", "x flat", "res B/p", "disk B/p")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join(" --- " for _ in head) + "|")
+    for r in section["rows"]:
+
+        def num(key: str, fmt: str, r: dict[str, Any] = r) -> str:
+            return format(r[key], fmt) if r.get(key) is not None else ""
+
+        print("| " + " | ".join([
+            r["set"], r["setting"], str(r.get("candidates") or ""), num("recall@5", ".3f"),
+            num("recall@10", ".3f"), num("qps", ",.0f"), num("x_flat", ".1f"),
+            num("resident_bpp", ".0f"), num("disk_bpp", ".0f"),
+        ]) + " |")  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cache = Path(tempfile.gettempdir()) / "ms-windows"
+    parser.add_argument("--rerank-cache", type=Path, default=cache,
+                        help="encoded sentence windows are cached here")  # fmt: skip
+    parser.add_argument("--windows", type=int, default=1_000_000, help="at most this many")
+    parser.add_argument("--rerank-queries", type=int, default=1000)
+    parser.add_argument("--rerank-generated", type=int, default=300_000)
+    parser.add_argument("--pq", type=lambda s: [(int(x.strip("o")), x.endswith("o"))
+                        for x in s.split(",")], default=[(48, False), (64, False)],
+                        help="PQ bytes, comma separated; an o suffix adds OPQ")  # fmt: skip
+    parser.add_argument("--nprobe", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[4, 8, 16, 32])  # fmt: skip
+    parser.add_argument("--candidates", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[20, 50, 100, 200])  # fmt: skip
+    parser.add_argument(
+        "--cold-setting",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[48, 8, 50],
+        help="pq_m,nprobe,candidates of the cold run",
+    )
+    parser.add_argument("--rerank-train-size", type=int, default=50_000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="memsearcher-rerank-"))
+    section = rerank_section(args, work)
+    print_rows(section)
+    if args.json:
+        args.json.write_text(json.dumps(section, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,9 @@ def sentences(n: int) -> list[Passage]:
     out: list[Passage] = []
     for p in embedded_passages():
         parts = [s for s in p.text.split(". ") if len(s) > 20][:2]
-        out += [Passage(str(len(out) + i), p.title, s.rstrip(".") + ".") for i, s in enumerate(parts)]
+        out += [
+            Passage(str(len(out) + i), p.title, s.rstrip(".") + ".") for i, s in enumerate(parts)
+        ]
         if len(out) >= n:
             return out[:n]
     return out

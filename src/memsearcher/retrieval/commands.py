@@ -126,9 +126,7 @@ def add_retriever_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--mmap", action="store_true", help="memory-map the index files")
     serve.add_argument("--ef-search", type=int, default=None, help="override (HNSW)")
     serve.add_argument("--nprobe", type=int, default=None, help="override (IVF)")
-    serve.add_argument(
-        "--candidates", type=int, default=None, help="override (re-ranking IVF-PQ)"
-    )
+    serve.add_argument("--candidates", type=int, default=None, help="override (re-ranking IVF-PQ)")
     serve.add_argument("--device", action="append", default=[], help="encoder device(s)")
     serve.add_argument("--gpu", action="store_true", help="FAISS on all GPUs (faiss-gpu)")
     serve.add_argument("--access-log", action="store_true")

@@ -39,14 +39,6 @@ from memsearcher.retrieval.encoder import (
     require,
     resolve_prefixes,
 )
-from memsearcher.retrieval.rerank import (
-    ivf_payload_bytes,
-    mapped_bytes,
-    memory_record,
-    open_embeddings,
-    rerank,
-    rss_anon_bytes,
-)
 from memsearcher.retrieval.manifest import (
     OFFSETS,
     IndexFolderError,
@@ -56,6 +48,14 @@ from memsearcher.retrieval.manifest import (
     open_store,
     read_manifest,
     write_manifest,
+)
+from memsearcher.retrieval.rerank import (
+    ivf_payload_bytes,
+    mapped_bytes,
+    memory_record,
+    open_embeddings,
+    rerank,
+    rss_anon_bytes,
 )
 from memsearcher.types import Hit
 
