@@ -6,6 +6,7 @@ all-MiniLM-L6-v2; the server test runs the real CLI server on 127.0.0.1 with two
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import replace
@@ -17,17 +18,20 @@ import numpy as np
 import pytest
 from _servers import free_port, running
 
+from memsearcher.cli import main
 from memsearcher.retrieval.corpus import Passage, write_corpus
 from memsearcher.retrieval.dense import (
     EMBEDDINGS_FILE,
+    RERANK_NPROBE,
     DenseIndex,
     FaissConfig,
     _make_faiss,
     build_dense,
+    embeddings_of,
 )
 from memsearcher.retrieval.embedded import embedded_passages
 from memsearcher.retrieval.manifest import IndexFolderError
-from memsearcher.retrieval.rerank import rerank, smaps_of
+from memsearcher.retrieval.rerank import RERANK_FILE, rerank, smaps_of
 
 PASSAGES = 1000
 # 1,000 vectors: 8 clusters, all probed, so the candidates' quality is the PQ codes'
@@ -84,10 +88,14 @@ def test_top5_equals_flat_on_known_items(indexes: tuple[DenseIndex, DenseIndex])
     truth = [r.tolist() for r, _ in flat.search_vectors(vectors, 5)]
     assert [r.tolist() for r, _ in two.search_vectors(vectors, 5)] == truth
     # without re-ranking the same codes miss flat's top 5: the second stage is what does it
-    codes_only = replace(two, embeddings=None)
+    codes_only = replace(two, index=two.index.base_index, refine=None)
     alone = [r.tolist() for r, _ in codes_only.search_vectors(vectors, 5)]
     overlap = np.mean([len(set(a) & set(t)) / 5 for a, t in zip(alone, truth, strict=True)])
     assert overlap < 0.9
+    # FAISS's refine stage equals the numpy gather-and-dot over the memory map
+    _, candidates = two.index.base_index.search(vectors, SMALL.candidates)
+    rows, _ = rerank(embeddings_of(two.folder), vectors, candidates, 5)
+    assert rows.tolist() == truth
 
 
 def test_ivfpq_skips_polysemous_training() -> None:
@@ -101,15 +109,33 @@ def test_ivfpq_skips_polysemous_training() -> None:
 
 
 def test_manifest_memory_and_settings(indexes: tuple[DenseIndex, DenseIndex]) -> None:
-    _, two = indexes
+    flat, two = indexes
     record = two.manifest["dense"]
     assert record["faiss"]["rerank"] and record["kept_embeddings"]
     memory = record["memory"]
     assert memory["resident_bytes_per_passage"] == 48 + 8 + 8  # code, id, corpus offset
     assert memory["disk_bytes"] == memory["resident_bytes"] + memory["rerank_file_bytes"]
-    assert memory["rerank_file_bytes"] == (two.folder / EMBEDDINGS_FILE).stat().st_size
-    assert isinstance(two.embeddings, np.memmap)
+    assert memory["rerank_file_bytes"] == (two.folder / RERANK_FILE).stat().st_size
+    assert not (two.folder / EMBEDDINGS_FILE).exists()  # moved into the re-rank file, not copied
+    assert np.array_equal(embeddings_of(two.folder), embeddings_of(flat.folder))
     assert DenseIndex.load(two.folder, candidates=7).search_params["candidates"] == 7
+
+
+def test_cli_builds_a_reranking_index(
+    indexes: tuple[DenseIndex, DenseIndex], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flat, _ = indexes
+    out = tmp_path / "cli"
+    command = ["index", "build", "--corpus", str(flat.store.path), "--out", str(out), "--kind",
+               "dense", "--faiss", "ivfpq", "--rerank", "--candidates", "30", "--nlist", "8",
+               "--embeddings-from", str(flat.folder), "--no-progress"]  # fmt: skip
+    assert main(command) == 0
+    assert main(["index", "info", str(out)]) == 0
+    record = json.loads(capsys.readouterr().out.split("\n", 1)[1])["dense"]
+    assert record["faiss"]["rerank"] and record["faiss"]["candidates"] == 30
+    assert record["faiss"]["nprobe"] == RERANK_NPROBE  # the re-ranking default, recorded
+    assert record["memory"]["resident_bytes_per_passage"] == 64
+    assert (out / RERANK_FILE).is_file()
     with pytest.raises(IndexFolderError, match="rerank applies to ivfpq"):
         FaissConfig(kind="hnsw", rerank=True)
 
@@ -138,7 +164,7 @@ def test_server_workers_share_the_map_within_the_bound(
             workers[memory["pid"]] = memory
             if len(workers) == 2:
                 break
-        file = two.folder / EMBEDDINGS_FILE
+        file = two.folder / RERANK_FILE
         print(workers)  # the measured figures, for the log
         for pid, memory in workers.items():
             assert memory["resident_bytes_per_passage"] <= 100

@@ -64,7 +64,9 @@ def add_index_command(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--ef-construction", type=int, default=fa.ef_construction)
     group.add_argument("--ef-search", type=int, default=fa.ef_search)
     group.add_argument("--nlist", type=int, default=fa.nlist, help="default: about sqrt(N)")
-    group.add_argument("--nprobe", type=int, default=fa.nprobe)
+    group.add_argument(
+        "--nprobe", type=int, default=fa.nprobe, help="default: 32, or 16 with --rerank"
+    )
     group.add_argument("--pq-m", type=int, default=fa.pq_m, help="bytes per vector code")
     group.add_argument("--pq-bits", type=int, default=fa.pq_bits)
     group.add_argument("--opq", action="store_true", help="learn an OPQ rotation")

@@ -50,12 +50,15 @@ from memsearcher.retrieval.manifest import (
     write_manifest,
 )
 from memsearcher.retrieval.rerank import (
+    RERANK_FILE,
+    embeddings_in,
     ivf_payload_bytes,
     mapped_bytes,
     memory_record,
     open_embeddings,
-    rerank,
+    open_rerank_file,
     rss_anon_bytes,
+    write_rerank_file,
 )
 from memsearcher.types import Hit
 
@@ -79,8 +82,8 @@ class FaissConfig:
     """HNSW: candidate list while searching (higher: better recall, slower)."""
     nlist: int | None = None
     """IVF: number of clusters; None picks about sqrt(N), a power of two."""
-    nprobe: int = 32
-    """IVF: clusters visited per query."""
+    nprobe: int | None = None
+    """IVF: clusters visited per query; None: 32, or ``RERANK_NPROBE`` with ``rerank``."""
     pq_m: int = 48
     """PQ: bytes per vector code (must divide the dimension)."""
     pq_bits: int = 8
@@ -102,11 +105,20 @@ class FaissConfig:
             raise IndexFolderError(f"unknown FAISS index {self.kind!r}; known: {FAISS_KINDS}")
         if self.rerank and self.kind != "ivfpq":
             raise IndexFolderError(f"rerank applies to ivfpq indexes, not {self.kind}")
-        if self.candidates < 1 or self.nprobe < 1:
+        if self.candidates < 1 or self.search_nprobe < 1:
             raise IndexFolderError("candidates and nprobe must be at least 1")
+
+    @property
+    def search_nprobe(self) -> int:
+        if self.nprobe is not None:
+            return self.nprobe
+        return RERANK_NPROBE if self.rerank else 32
 
 
 FAISS_KINDS = ("flat", "hnsw", "ivfpq")
+RERANK_NPROBE = 16
+"""Default nprobe of re-ranking indexes, from benchmarks/retrieval_rerank.py (docs/retrieval.md):
+re-ranking recovers what the codes misorder, so fewer clusters are needed than without it."""
 
 
 def _passage_text(title: str, text: str) -> str:
@@ -147,6 +159,8 @@ def _encode_corpus(
 
 
 def _open_embeddings(folder: Path, rows: int, dim: int) -> np.ndarray:
+    if (folder / RERANK_FILE).is_file():  # a re-ranking index keeps them there
+        return embeddings_in(folder / RERANK_FILE, rows, dim)
     return open_embeddings(folder / EMBEDDINGS_FILE, rows, dim)
 
 
@@ -257,13 +271,19 @@ def build_dense(
         faiss_index = build_faiss(embeddings, faiss_config, progress)
         faiss.write_index(faiss_index, str(tmp / FAISS_FILE))
         del embeddings
-        keep_embeddings = keep_embeddings or faiss_config.rerank
-        if not keep_embeddings:
+        if faiss_config.rerank:  # the embeddings move into the re-rank file
+            write_rerank_file(tmp / EMBEDDINGS_FILE, tmp / RERANK_FILE, len(offsets), dim)
+            keep_embeddings = True
+            (tmp / EMBEDDINGS_FILE).unlink()
+        elif not keep_embeddings:
             (tmp / EMBEDDINGS_FILE).unlink()
         index_bytes = (tmp / FAISS_FILE).stat().st_size
+        rerank_file = tmp / RERANK_FILE
+        rerank_bytes = rerank_file.stat().st_size if rerank_file.is_file() else 0
         rows = len(offsets)
         faiss_record = {
             **asdict(faiss_config),
+            "nprobe": faiss_config.search_nprobe,
             "nlist": _nlist(faiss_index),
             "description": type(faiss_index).__name__,
         }
@@ -280,7 +300,7 @@ def build_dense(
                 "kept_embeddings": keep_embeddings,
                 "index_bytes": index_bytes,
                 "bytes_per_passage": round((index_bytes + 8 * rows) / max(rows, 1), 1),
-                "memory": _memory(faiss_index, index_bytes, rows, dim, faiss_config.rerank),
+                "memory": _memory(faiss_index, index_bytes, rows, rerank_bytes),
             },
             encode_seconds=round(encode_seconds, 3),
             index_seconds=round(time.perf_counter() - built, 3),
@@ -299,16 +319,19 @@ def _reuse_embeddings(
         raise IndexFolderError(f"{source} is not a dense index that kept its embeddings")
     open_store(source, donor, corpus).close()  # checks it indexed this very corpus
     shutil.copyfile(source / OFFSETS, folder / OFFSETS)
-    shutil.copyfile(source / EMBEDDINGS_FILE, folder / EMBEDDINGS_FILE)
+    embeddings = _open_embeddings(source, donor["passages"], donor["dense"]["dim"])
+    with (folder / EMBEDDINGS_FILE).open("wb") as out:
+        for start in range(0, len(embeddings), 65536):
+            out.write(np.ascontiguousarray(embeddings[start : start + 65536]).tobytes())
     return np.load(folder / OFFSETS), donor["dense"]["dim"], donor["dense"]["encoder"]
 
 
-def _memory(index: Any, index_bytes: int, rows: int, dim: int, rerank: bool) -> dict[str, Any]:
+def _memory(index: Any, index_bytes: int, rows: int, rerank_bytes: int) -> dict[str, Any]:
     """Resident and disk bytes (see ``rerank.memory_record``); the whole index is resident for
-    kinds other than IVF-PQ, and only re-ranking indexes count the embeddings file."""
+    kinds other than IVF-PQ."""
     payload = ivf_payload_bytes(index) if _nlist(index) is not None else index_bytes
-    record = memory_record(index_bytes, payload, rows, dim if rerank else 0)
-    return {**record, "rerank_file": EMBEDDINGS_FILE if rerank else None}
+    record = memory_record(index_bytes, payload, rows, rerank_bytes)
+    return {**record, "rerank_file": RERANK_FILE if rerank_bytes else None}
 
 
 def _nlist(index: Any) -> int | None:
@@ -329,8 +352,8 @@ class DenseIndex:
     encoder: Encoder
     store: PassageStore
     search_params: dict[str, Any] = field(default_factory=dict)
-    embeddings: np.ndarray | None = None
-    """Re-ranking indexes: the float16 embeddings, memory-mapped; else None."""
+    refine: Any = None
+    """Re-ranking indexes: the float16 re-rank index (codes memory-mapped); else None."""
     load_rss_anon_bytes: int | None = None
     """Anonymous memory that reading the FAISS index and offsets added to this process."""
     kind = "dense"
@@ -367,14 +390,18 @@ class DenseIndex:
                 f"index {folder} is damaged: {index.ntotal} vectors for {len(store)} passages"
             )
         record = manifest["dense"]
-        embeddings = None
+        refine = None
         if record["faiss"].get("rerank"):
-            embeddings = _open_embeddings(folder, len(store), record["dim"])
+            refine = open_rerank_file(folder / RERANK_FILE)
+            if refine.ntotal != len(store):
+                raise IndexFolderError(f"{folder / RERANK_FILE} is damaged: wrong row count")
         after = rss_anon_bytes()
         if gpu:
             if not hasattr(faiss, "index_cpu_to_all_gpus"):
                 raise MemSearcherError("gpu=True needs a GPU build of FAISS (faiss-gpu)")
-            index = faiss.index_cpu_to_all_gpus(index)
+            index = faiss.index_cpu_to_all_gpus(index)  # the codes; re-ranking stays on the CPU
+        if refine is not None:
+            index = faiss.IndexRefine(index, refine)
         config = record["encoder"]
         encoder_config = EncoderConfig(
             **{k: v for k, v in config.items() if k in EncoderConfig.__dataclass_fields__}
@@ -387,12 +414,12 @@ class DenseIndex:
             "ef_search": record["faiss"]["ef_search"] if ef_search is None else ef_search,
             "nprobe": record["faiss"]["nprobe"] if nprobe is None else nprobe,
         }
-        if embeddings is not None:
+        if refine is not None:
             built = record["faiss"]["candidates"]
             params["candidates"] = built if candidates is None else candidates
         _apply_search_params(index, params)
         grown = None if before is None or after is None else after - before
-        return cls(folder, manifest, index, encoder, store, params, embeddings, grown)
+        return cls(folder, manifest, index, encoder, store, params, refine, grown)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -404,12 +431,9 @@ class DenseIndex:
         k = min(top_n, len(self))
         if k == 0 or len(vectors) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in vectors]
-        if self.embeddings is None:
-            scores, rows = self.index.search(vectors, k)
-        else:
-            wanted = min(max(k, int(self.search_params["candidates"])), len(self))
-            _, candidates = self.index.search(vectors, wanted)
-            rows, scores = rerank(self.embeddings, vectors, candidates, k)
+        if self.refine is not None:  # IndexRefine: the codes' top k x k_factor, re-ranked
+            self.index.k_factor = max(k, int(self.search_params["candidates"])) / k
+        scores, rows = self.index.search(vectors, k)
         return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores, strict=True)]
 
     def memory(self) -> dict[str, Any]:
@@ -419,8 +443,8 @@ class DenseIndex:
         record = dict(self.manifest["dense"].get("memory") or {})
         record["load_rss_anon_bytes"] = self.load_rss_anon_bytes
         record["pid"] = os.getpid()
-        if self.embeddings is not None:
-            mapped = mapped_bytes(self.folder / EMBEDDINGS_FILE)
+        if self.refine is not None:
+            mapped = mapped_bytes(self.folder / RERANK_FILE)
             record["rerank_file_mapped_rss_bytes"] = mapped.get("rss")
             record["rerank_file_private_bytes"] = mapped.get("anonymous")
         return record

@@ -1,15 +1,20 @@
 """Exact re-ranking of compressed-index candidates from float16 vectors on disk.
 
 A two-stage dense index keeps only IVF-PQ codes in RAM (``pq_m`` bytes, an 8-byte id and the
-8-byte corpus offset a passage) and re-ranks the ``candidates`` it returns by exact inner
-products against the float16 embeddings file the build writes anyway, read through a memory
-map. Only the candidates' rows are touched (``candidates x dim x 2`` bytes a query), and the
-mapping is a shared read-only file mapping, so server workers share one copy in the page cache
-and the kernel may evict it under pressure; it is never counted as the index's resident memory.
+8-byte corpus offset a passage) and re-ranks the ``candidates`` they return by exact inner
+products against the float16 embeddings, read through a memory map. Only the candidates' rows
+are touched (``candidates x dim x 2`` bytes a query); the mapping is shared and read-only, so
+server workers share one copy in the page cache, which the kernel may evict under pressure; it
+is never counted as the index's resident memory.
 
-FAISS's own refine stage (``IndexRefine`` with a float16 ``IndexScalarQuantizer``) was measured
-against this in ``benchmarks/retrieval_rerank.py``; see docs/retrieval.md for why this one is
-used.
+The second stage is FAISS's own: ``IndexRefine`` over the IVF-PQ and a float16
+``IndexScalarQuantizer`` whose codes are the embeddings, memory-mapped with
+``IO_FLAG_MMAP_IFC``. The re-rank file (``RERANK_FILE``) is that scalar-quantizer index: FAISS's
+header, then the float16 rows exactly as the build's embeddings file holds them, written by
+streaming (FAISS's own writer would need every vector in RAM). ``rerank`` below is the same
+computation as a numpy gather-and-dot over a memory map: measured in
+``benchmarks/retrieval_rerank.py``, it returned the same rows at half FAISS's speed or less
+(numpy's float16 conversion is slow), so it is kept as the reference the tests check against.
 """
 
 from __future__ import annotations
@@ -21,6 +26,53 @@ from typing import Any
 import numpy as np
 
 from memsearcher.retrieval.manifest import IndexFolderError
+
+RERANK_FILE = "rerank.faiss"
+
+
+def write_rerank_file(embeddings: Path, out: Path, rows: int, dim: int) -> None:
+    """Write ``out``, a FAISS float16 scalar-quantizer index of the ``rows x dim`` float16
+    file ``embeddings``, by streaming: FAISS's header for an empty index with its vector count
+    and code size patched, then the rows. Read back memory-mapped to check it."""
+    import faiss
+
+    empty = faiss.IndexScalarQuantizer(
+        dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+    )
+    header = bytearray(faiss.serialize_index(empty).tobytes())
+    # layout (faiss/impl/index_write.cpp): "IxSQ", d (int32), ntotal (int64), ..., and last the
+    # codes vector: its byte count (uint64), then the bytes, here empty
+    header[8:16] = np.int64(rows).tobytes()
+    header[-8:] = np.uint64(rows * dim * 2).tobytes()
+    with out.open("wb") as f, embeddings.open("rb") as source:
+        f.write(header)
+        while block := source.read(1 << 24):
+            f.write(block)
+    check = open_rerank_file(out)
+    if check.ntotal != rows or check.d != dim:
+        raise IndexFolderError(f"{out}: FAISS read back {check.ntotal} x {check.d}")
+    if rows and not np.array_equal(
+        check.reconstruct(rows - 1), np.asarray(embeddings_in(out, rows, dim)[-1], np.float32)
+    ):
+        raise IndexFolderError(f"{out}: FAISS reads other vectors than were written")
+
+
+def open_rerank_file(path: Path) -> Any:
+    """The re-rank index, its codes memory-mapped (shared, read-only), not read into RAM."""
+    import faiss
+
+    return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+
+
+def embeddings_in(path: Path, rows: int, dim: int) -> np.ndarray:
+    """The float16 rows of a re-rank file, memory-mapped (they are its last bytes)."""
+    size = rows * dim * 2
+    if not path.is_file() or path.stat().st_size < size:
+        raise IndexFolderError(f"{path}: expected {rows} x {dim} float16 embeddings")
+    if rows == 0:
+        return np.zeros((0, dim), np.float16)
+    offset = path.stat().st_size - size
+    return np.memmap(path, dtype=np.float16, mode="r", offset=offset, shape=(rows, dim))
 
 
 def open_embeddings(path: Path, rows: int, dim: int) -> np.ndarray:
@@ -72,16 +124,18 @@ def ivf_payload_bytes(index: Any) -> int:
     return int(ivf.ntotal) * (int(ivf.code_size) + 8)
 
 
-def memory_record(index_bytes: int, payload_bytes: int, rows: int, dim: int) -> dict[str, Any]:
+def memory_record(
+    index_bytes: int, payload_bytes: int, rows: int, rerank_file: int
+) -> dict[str, Any]:
     """Resident and disk bytes of a two-stage index, in total and a passage.
 
     Resident: the FAISS index file (codes, ids, and the fixed coarse and product quantizers)
     plus the 8-byte corpus offsets. A passage: codes, id and offset; the quantizers are fixed
-    and listed apart. Disk adds the float16 re-rank file, which is read through the page cache.
+    and listed apart. Disk adds the re-rank file (``rerank_file`` bytes), read through the page
+    cache.
     """
     per = max(rows, 1)
     offsets = 8 * rows
-    rerank_file = 2 * dim * rows
     return {
         "resident_bytes": index_bytes + offsets,
         "resident_bytes_per_passage": round((payload_bytes + offsets) / per, 1),
