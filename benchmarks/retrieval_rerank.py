@@ -18,9 +18,11 @@ Generated vectors (normalized mixtures of two real vectors plus noise) extend th
 to ``--rerank-generated`` vectors, and the same settings run on a generated collection of the
 real one's size, to show how far generated vectors are from real ones.
 
-The report also measures FAISS's own refine stage (``IndexRefine`` with a float16
-``IndexScalarQuantizer``, ``k_factor``), against the numpy gather-and-dot over the memory map that
-``memsearcher.retrieval.rerank`` uses.
+Each re-ranked setting is measured two ways over the same candidates: FAISS's own refine stage
+(``IndexRefine`` over a float16 ``IndexScalarQuantizer`` memory-mapped from the re-rank file,
+``k_factor`` = candidates / 10: what ``--rerank`` serves), and a numpy gather-and-dot over an
+``np.memmap`` of the float16 file; on the sentence queries also FAISS's refine with the float16
+codes in RAM.
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ import numpy as np
 
 from memsearcher.retrieval.corpus import Passage
 from memsearcher.retrieval.embedded import embedded_passages
-from memsearcher.retrieval.rerank import open_embeddings, rerank_rows
+from memsearcher.retrieval.rerank import (
+    open_embeddings,
+    open_rerank_file,
+    rerank_rows,
+    write_rerank_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -166,14 +173,18 @@ def two_stage_rows(
     queries: np.ndarray,
     args: argparse.Namespace,
     work: Path,
-    faiss_refine: bool,
+    faiss_in_ram: bool,
 ) -> list[dict[str, Any]]:
-    """Flat, then IVF-PQ alone and re-ranked at several nprobe and candidate counts."""
+    """Flat, then IVF-PQ alone and re-ranked at several nprobe and candidate counts, each
+    re-rank two ways: FAISS's IndexRefine over the memory-mapped re-rank file (what
+    ``--rerank`` serves) and a numpy gather-and-dot over the same rows."""
     import faiss
 
     n, dim = vectors.shape
-    emb_path = work / f"{label.replace('/', '-').replace(' ', '-')}.f16"
+    emb_path = work / "bench.f16"
+    rerank_path = work / "bench-rerank.faiss"
     np.ascontiguousarray(vectors, dtype=np.float16).tofile(emb_path)
+    write_rerank_file(emb_path, rerank_path, n, dim)
     emb = open_embeddings(emb_path, n, dim)
     flat = faiss.IndexFlatIP(dim)
     flat.add(np.asarray(vectors, dtype=np.float32))
@@ -191,75 +202,49 @@ def two_stage_rows(
         resident = size / n + 8  # codes, ids, quantizers; + 8-byte corpus offsets
         ivf = faiss.extract_index_ivf(index)
         name = f"{'OPQ+' if opq else ''}PQ{pq_m}"
+        stages = {"FAISS refine, mmap": faiss.IndexRefine(index, open_rerank_file(rerank_path))}
+        if faiss_in_ram:
+            in_ram = faiss.IndexScalarQuantizer(
+                dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+            )
+            in_ram.add(np.asarray(vectors, dtype=np.float32))
+            stages["FAISS refine, in RAM"] = faiss.IndexRefine(index, in_ram)
         for nprobe in args.nprobe:
             ivf.nprobe = nprobe
             for candidates in [0, *args.candidates]:
+                ways: dict[str, Callable[[], np.ndarray]] = {}
+                if not candidates:
+                    ways["codes only"] = lambda index=index: index.search(queries, 10)[1]
+                else:
+                    for how, refined in stages.items():
 
-                def search(c: int = candidates, index: Any = index) -> np.ndarray:
-                    _, found = index.search(queries, max(c, 10))
-                    return rerank_rows(emb, queries, found, 10) if c else found
+                        def faiss_way(refined: Any = refined, c: int = candidates) -> np.ndarray:
+                            refined.k_factor = max(c, 10) / 10
+                            return refined.search(queries, 10)[1]
 
-                seconds, found = best_time(search)
-                rows.append({
-                    "set": label, "setting": f"{name} nprobe={nprobe}",
-                    "candidates": candidates or None,
-                    "recall@5": recall(found, truth, 5), "recall@10": recall(found, truth, 10),
-                    "qps": len(queries) / seconds, "build_seconds": build,
-                    "resident_bpp": resident,
-                    "disk_bpp": resident + (2 * dim if candidates else 0),
-                })  # fmt: skip
-        if faiss_refine:
-            rows += faiss_refine_rows(label, index, vectors, queries, truth, args, work)
+                        ways[how] = faiss_way
+
+                    def numpy_way(c: int = candidates, index: Any = index) -> np.ndarray:
+                        found = index.search(queries, max(c, 10))[1]
+                        return rerank_rows(emb, queries, found, 10)
+
+                    ways["numpy memmap"] = numpy_way
+                for how, way in ways.items():
+                    seconds, found = best_time(way)
+                    in_ram = how.endswith("in RAM")
+                    rows.append({
+                        "set": label, "setting": f"{name} nprobe={nprobe}", "rerank": how,
+                        "candidates": candidates or None,
+                        "recall@5": recall(found, truth, 5),
+                        "recall@10": recall(found, truth, 10),
+                        "qps": len(queries) / seconds, "build_seconds": build,
+                        "resident_bpp": resident + (2 * dim if in_ram else 0),
+                        "disk_bpp": resident + (2 * dim if candidates else 0),
+                    })  # fmt: skip
     for row in rows:
         row["x_flat"] = row["qps"] / flat_qps
     emb_path.unlink()
-    return rows
-
-
-def faiss_refine_rows(
-    label: str,
-    index: Any,
-    vectors: np.ndarray,
-    queries: np.ndarray,
-    truth: np.ndarray,
-    args: argparse.Namespace,
-    work: Path,
-) -> list[dict[str, Any]]:
-    """FAISS's own refine stage over the same IVF-PQ: ``IndexRefine`` with float16 scalar
-    codes (the same precision as our file), in RAM and, where this FAISS can, memory-mapped."""
-    import faiss
-
-    n, dim = vectors.shape
-    refine = faiss.IndexScalarQuantizer(
-        dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
-    )
-    refine.add(np.asarray(vectors, dtype=np.float32))
-    both = faiss.IndexRefine(index, refine)
-    path = work / "refine.faiss"
-    faiss.write_index(both, str(path))
-    loaded = {"in RAM": both}
-    mmap_flag = getattr(faiss, "IO_FLAG_MMAP_IFC", None)
-    if mmap_flag is not None:
-        loaded["mmap"] = faiss.read_index(str(path), mmap_flag)
-    rows = []
-    ivf = faiss.extract_index_ivf(index)
-    name = f"PQ{ivf.pq.M if hasattr(ivf, 'pq') else '?'}"
-    for how, refined in loaded.items():
-        for nprobe in args.nprobe:
-            ivf_of = faiss.extract_index_ivf(refined)
-            ivf_of.nprobe = nprobe
-            for candidates in args.candidates:
-                refined.k_factor = candidates / 10
-                seconds, (_, found) = best_time(lambda r=refined: r.search(queries, 10))
-                rows.append({
-                    "set": label, "setting": f"FAISS IndexRefine {how} {name} nprobe={nprobe}",
-                    "candidates": candidates,
-                    "recall@5": recall(found, truth, 5), "recall@10": recall(found, truth, 10),
-                    "qps": len(queries) / seconds,
-                    "resident_bpp": path.stat().st_size / n + 8 - (2 * dim if how == "mmap" else 0),
-                    "disk_bpp": path.stat().st_size / n + 8,
-                })  # fmt: skip
-    path.unlink()
+    rerank_path.unlink()
     return rows
 
 
@@ -267,26 +252,29 @@ def cold_row(
     label: str, vectors: np.ndarray, queries: np.ndarray, pq_m: int, nprobe: int,
     candidates: int, args: argparse.Namespace, work: Path,
 ) -> dict[str, Any]:  # fmt: skip
-    """One run of a setting with the re-rank file dropped from the page cache first
-    (``posix_fadvise(DONTNEED)`` on that file only): the first queries after a restart."""
+    """One run of the served path (FAISS refine, mmap) with the re-rank file dropped from the
+    page cache first (``posix_fadvise(DONTNEED)`` on that file only): the first queries after
+    a restart, as far as this machine's storage shows it."""
     import faiss
 
     n, dim = vectors.shape
-    path = work / "cold.f16"
-    np.ascontiguousarray(vectors, dtype=np.float16).tofile(path)
+    emb_path, path = work / "cold.f16", work / "cold.faiss"
+    np.ascontiguousarray(vectors, dtype=np.float16).tofile(emb_path)
+    write_rerank_file(emb_path, path, n, dim)
+    emb_path.unlink()
     index, _ = build_ivfpq(vectors, pq_m, False, args.rerank_train_size)
     faiss.extract_index_ivf(index).nprobe = nprobe
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
-    emb = open_embeddings(path, n, dim)
+    refined = faiss.IndexRefine(index, open_rerank_file(path))
+    refined.k_factor = candidates / 10
     started = time.perf_counter()
-    _, found = index.search(queries, candidates)
-    rerank_rows(emb, queries, found, 10)
+    refined.search(queries, 10)
     seconds = time.perf_counter() - started
     path.unlink()
-    return {"set": label, "setting": f"PQ{pq_m} nprobe={nprobe} cold page cache",
+    return {"set": label, "setting": f"PQ{pq_m} nprobe={nprobe}", "rerank": "cold page cache",
             "candidates": candidates, "qps": len(queries) / seconds}  # fmt: skip
 
 
@@ -328,7 +316,8 @@ def rerank_section(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def print_rows(section: dict[str, Any]) -> None:
     print(f"\n== two-stage dense: {section['real_vectors']:,} real MiniLM vectors "
           f"(dim {section['dim']}), queries {section['queries']} ==")  # fmt: skip
-    head = ("set", "setting", "cands", "R@5", "R@10", "q/s", "x flat", "res B/p", "disk B/p")
+    head = ("set", "setting", "re-rank", "cands", "R@5", "R@10", "q/s", "x flat", "res B/p",
+            "disk B/p")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(" --- " for _ in head) + "|")
     for r in section["rows"]:
@@ -337,7 +326,8 @@ def print_rows(section: dict[str, Any]) -> None:
             return format(r[key], fmt) if r.get(key) is not None else ""
 
         print("| " + " | ".join([
-            r["set"], r["setting"], str(r.get("candidates") or ""), num("recall@5", ".3f"),
+            r["set"], r["setting"], r.get("rerank", ""), str(r.get("candidates") or ""),
+            num("recall@5", ".3f"),
             num("recall@10", ".3f"), num("qps", ",.0f"), num("x_flat", ".1f"),
             num("resident_bpp", ".0f"), num("disk_bpp", ".0f"),
         ]) + " |")  # fmt: skip
