@@ -214,7 +214,11 @@ def two_stage_rows(
             for candidates in [0, *args.candidates]:
                 ways: dict[str, Callable[[], np.ndarray]] = {}
                 if not candidates:
-                    ways["codes only"] = lambda index=index: index.search(queries, 10)[1]
+
+                    def codes_only(index: Any = index) -> np.ndarray:
+                        return np.asarray(index.search(queries, 10)[1])
+
+                    ways["codes only"] = codes_only
                 else:
                     for how, refined in stages.items():
 
@@ -231,14 +235,14 @@ def two_stage_rows(
                     ways["numpy memmap"] = numpy_way
                 for how, way in ways.items():
                     seconds, found = best_time(way)
-                    in_ram = how.endswith("in RAM")
+                    in_memory = how.endswith("in RAM")
                     rows.append({
                         "set": label, "setting": f"{name} nprobe={nprobe}", "rerank": how,
                         "candidates": candidates or None,
                         "recall@5": recall(found, truth, 5),
                         "recall@10": recall(found, truth, 10),
                         "qps": len(queries) / seconds, "build_seconds": build,
-                        "resident_bpp": resident + (2 * dim if in_ram else 0),
+                        "resident_bpp": resident + (2 * dim if in_memory else 0),
                         "disk_bpp": resident + (2 * dim if candidates else 0),
                     })  # fmt: skip
     for row in rows:

@@ -105,7 +105,8 @@ def test_ivfpq_skips_polysemous_training() -> None:
 
     for opq in (False, True):
         made = _make_faiss(FaissConfig(kind="ivfpq", opq=opq), 384, 20_000)
-        assert not faiss.downcast_index(faiss.extract_index_ivf(made)).do_polysemous_training
+        ivf: Any = faiss.downcast_index(faiss.extract_index_ivf(made))
+        assert not ivf.do_polysemous_training
 
 
 def test_manifest_memory_and_settings(indexes: tuple[DenseIndex, DenseIndex]) -> None:

@@ -13,8 +13,8 @@ The second stage is FAISS's own: ``IndexRefine`` over the IVF-PQ and a float16
 header, then the float16 rows exactly as the build's embeddings file holds them, written by
 streaming (FAISS's own writer would need every vector in RAM). ``rerank`` below is the same
 computation as a numpy gather-and-dot over a memory map: measured in
-``benchmarks/retrieval_rerank.py``, it returned the same rows at half FAISS's speed or less
-(numpy's float16 conversion is slow), so it is kept as the reference the tests check against.
+``benchmarks/retrieval_rerank.py``, it returned the same rows 1.3-2.3x slower (numpy's
+float16 conversion is slow), so it is kept as the reference the tests check against.
 """
 
 from __future__ import annotations
