@@ -119,6 +119,13 @@ def test_manifest_memory_and_settings(indexes: tuple[DenseIndex, DenseIndex]) ->
     assert memory["rerank_file_bytes"] == (two.folder / RERANK_FILE).stat().st_size
     assert not (two.folder / EMBEDDINGS_FILE).exists()  # moved into the re-rank file, not copied
     assert np.array_equal(embeddings_of(two.folder), embeddings_of(flat.folder))
+    again = build_dense(  # other variants from a re-ranking index's embeddings, no encoding
+        flat.store.path,
+        two.folder.parent / "again",
+        embeddings_from=two.folder,
+        keep_embeddings=True,
+    )
+    assert np.array_equal(embeddings_of(again.folder), embeddings_of(flat.folder))
     assert DenseIndex.load(two.folder, candidates=7).search_params["candidates"] == 7
 
 
@@ -132,7 +139,7 @@ def test_cli_builds_a_reranking_index(
                "--embeddings-from", str(flat.folder), "--no-progress"]  # fmt: skip
     assert main(command) == 0
     assert main(["index", "info", str(out)]) == 0
-    record = json.loads(capsys.readouterr().out.split("\n", 1)[1])["dense"]
+    record = json.loads(capsys.readouterr().out.split("\n", 1)[1])["dense"]  # after "built ..."
     assert record["faiss"]["rerank"] and record["faiss"]["candidates"] == 30
     assert record["faiss"]["nprobe"] == RERANK_NPROBE  # the re-ranking default, recorded
     assert record["memory"]["resident_bytes_per_passage"] == 64

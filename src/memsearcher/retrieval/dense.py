@@ -400,8 +400,6 @@ class DenseIndex:
             if not hasattr(faiss, "index_cpu_to_all_gpus"):
                 raise MemSearcherError("gpu=True needs a GPU build of FAISS (faiss-gpu)")
             index = faiss.index_cpu_to_all_gpus(index)  # the codes; re-ranking stays on the CPU
-        if refine is not None:
-            index = faiss.IndexRefine(index, refine)
         config = record["encoder"]
         encoder_config = EncoderConfig(
             **{k: v for k, v in config.items() if k in EncoderConfig.__dataclass_fields__}
@@ -417,7 +415,9 @@ class DenseIndex:
         if refine is not None:
             built = record["faiss"]["candidates"]
             params["candidates"] = built if candidates is None else candidates
-        _apply_search_params(index, params)
+        _apply_search_params(index, params)  # to the codes, before IndexRefine wraps them
+        if refine is not None:
+            index = faiss.IndexRefine(index, refine)
         grown = None if before is None or after is None else after - before
         return cls(folder, manifest, index, encoder, store, params, refine, grown)
 
@@ -432,7 +432,8 @@ class DenseIndex:
         if k == 0 or len(vectors) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in vectors]
         if self.refine is not None:  # IndexRefine: the codes' top k x k_factor, re-ranked
-            self.index.k_factor = max(k, int(self.search_params["candidates"])) / k
+            # + 0.5: FAISS takes int(k * k_factor) in float32
+            self.index.k_factor = (max(k, int(self.search_params["candidates"])) + 0.5) / k
         scores, rows = self.index.search(vectors, k)
         return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores, strict=True)]
 
