@@ -15,6 +15,9 @@ mixtures of two real passage vectors plus noise. Queries are real encoded questi
 turned into "what is ..." questions). FAISS's speed and recall depend on the vectors, not on
 where they came from, but the generated ones are an approximation of a real corpus and the
 report says so.
+
+The two-stage rows (IVF-PQ candidates re-ranked from float16 vectors on disk) run on real
+sentence windows: see benchmarks/retrieval_rerank.py, which also runs alone.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import retrieval_rerank  # benchmarks/retrieval_rerank.py: the two-stage rows
 
 from memsearcher.retrieval.bm25 import BM25Config, Tokenizer, build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
@@ -408,6 +412,8 @@ def main() -> None:
     parser.add_argument("--dense-queries", type=int, default=1000)
     parser.add_argument("--train-size", type=int, default=50_000)
     parser.add_argument("--skip-dense", action="store_true")
+    parser.add_argument("--skip-rerank", action="store_true", help="no two-stage section")
+    retrieval_rerank.add_arguments(parser)
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument("--progress", action="store_true")
@@ -422,7 +428,11 @@ def main() -> None:
     report["bm25"] = bm25_section(args, work)
     if not args.skip_dense:
         report["dense"] = dense_section(args, work)
+    if not args.skip_rerank:
+        report["rerank"] = retrieval_rerank.rerank_section(args, work)
     print_report(report)
+    if "rerank" in report:
+        retrieval_rerank.print_rows(report["rerank"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
 

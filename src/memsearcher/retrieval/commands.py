@@ -64,10 +64,20 @@ def add_index_command(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--ef-construction", type=int, default=fa.ef_construction)
     group.add_argument("--ef-search", type=int, default=fa.ef_search)
     group.add_argument("--nlist", type=int, default=fa.nlist, help="default: about sqrt(N)")
-    group.add_argument("--nprobe", type=int, default=fa.nprobe)
+    group.add_argument(
+        "--nprobe", type=int, default=fa.nprobe, help="default: 32, or 16 with --rerank"
+    )
     group.add_argument("--pq-m", type=int, default=fa.pq_m, help="bytes per vector code")
     group.add_argument("--pq-bits", type=int, default=fa.pq_bits)
     group.add_argument("--opq", action="store_true", help="learn an OPQ rotation")
+    group.add_argument(
+        "--rerank", action="store_true",
+        help="ivfpq: re-rank candidates exactly from the float16 embeddings, memory-mapped "
+        "(keeps the embeddings file: 2 x dim bytes a passage on disk)",
+    )  # fmt: skip
+    group.add_argument(
+        "--candidates", type=int, default=fa.candidates, help="--rerank: candidates per query"
+    )
     group.add_argument("--train-size", type=int, default=fa.train_size)
     group.add_argument(
         "--keep-embeddings", action="store_true", help="keep the float16 embeddings for reuse"
@@ -118,6 +128,7 @@ def add_retriever_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--mmap", action="store_true", help="memory-map the index files")
     serve.add_argument("--ef-search", type=int, default=None, help="override (HNSW)")
     serve.add_argument("--nprobe", type=int, default=None, help="override (IVF)")
+    serve.add_argument("--candidates", type=int, default=None, help="override (re-ranking IVF-PQ)")
     serve.add_argument("--device", action="append", default=[], help="encoder device(s)")
     serve.add_argument("--gpu", action="store_true", help="FAISS on all GPUs (faiss-gpu)")
     serve.add_argument("--access-log", action="store_true")
@@ -174,7 +185,8 @@ def _build(args: argparse.Namespace) -> int:
     index = FaissConfig(
         kind=args.faiss, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
         ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
-        pq_bits=args.pq_bits, opq=args.opq, train_size=args.train_size,
+        pq_bits=args.pq_bits, opq=args.opq, rerank=args.rerank, candidates=args.candidates,
+        train_size=args.train_size,
     )  # fmt: skip
     common: dict[str, Any] = {
         "progress": not args.no_progress,
@@ -234,7 +246,7 @@ def _serve(args: argparse.Namespace) -> int:
     load: dict[str, Any] = {}
     if args.mmap:
         load["mmap"] = True
-    for key in ("ef_search", "nprobe"):
+    for key in ("ef_search", "nprobe", "candidates"):
         if getattr(args, key) is not None:
             load[key] = getattr(args, key)
     if args.device:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -48,6 +49,17 @@ from memsearcher.retrieval.manifest import (
     read_manifest,
     write_manifest,
 )
+from memsearcher.retrieval.rerank import (
+    RERANK_FILE,
+    embeddings_in,
+    ivf_payload_bytes,
+    mapped_bytes,
+    memory_record,
+    open_embeddings,
+    open_rerank_file,
+    rss_anon_bytes,
+    write_rerank_file,
+)
 from memsearcher.types import Hit
 
 logger = logging.getLogger(__name__)
@@ -70,14 +82,19 @@ class FaissConfig:
     """HNSW: candidate list while searching (higher: better recall, slower)."""
     nlist: int | None = None
     """IVF: number of clusters; None picks about sqrt(N), a power of two."""
-    nprobe: int = 32
-    """IVF: clusters visited per query."""
+    nprobe: int | None = None
+    """IVF: clusters visited per query; None: 32, or ``RERANK_NPROBE`` with ``rerank``."""
     pq_m: int = 48
     """PQ: bytes per vector code (must divide the dimension)."""
     pq_bits: int = 8
     """PQ: bits per sub-quantizer code."""
     opq: bool = False
     """IVF-PQ: learn a rotation first (OPQ), for better recall at the same size."""
+    rerank: bool = False
+    """IVF-PQ: keep the float16 embeddings and re-rank candidates by exact inner products read
+    through a memory map (``memsearcher.retrieval.rerank``): flat's answers at IVF-PQ's memory."""
+    candidates: int = 50
+    """Re-rank: candidates the codes return per query (at least top_n are always taken)."""
     train_size: int = 100_000
     """IVF-PQ: at most this many vectors train the quantizers."""
     threads: int | None = None
@@ -86,9 +103,22 @@ class FaissConfig:
     def __post_init__(self) -> None:
         if self.kind not in FAISS_KINDS:
             raise IndexFolderError(f"unknown FAISS index {self.kind!r}; known: {FAISS_KINDS}")
+        if self.rerank and self.kind != "ivfpq":
+            raise IndexFolderError(f"rerank applies to ivfpq indexes, not {self.kind}")
+        if self.candidates < 1 or self.search_nprobe < 1:
+            raise IndexFolderError("candidates and nprobe must be at least 1")
+
+    @property
+    def search_nprobe(self) -> int:
+        if self.nprobe is not None:
+            return self.nprobe
+        return RERANK_NPROBE if self.rerank else 32
 
 
 FAISS_KINDS = ("flat", "hnsw", "ivfpq")
+RERANK_NPROBE = 16
+"""Default nprobe of re-ranking indexes, from benchmarks/retrieval_rerank.py (docs/retrieval.md):
+re-ranking recovers what the codes misorder, so fewer clusters are needed than without it."""
 
 
 def _passage_text(title: str, text: str) -> str:
@@ -129,13 +159,9 @@ def _encode_corpus(
 
 
 def _open_embeddings(folder: Path, rows: int, dim: int) -> np.ndarray:
-    path = folder / EMBEDDINGS_FILE
-    if rows == 0:
-        return np.zeros((0, dim), np.float16)
-    expected = rows * dim * 2
-    if not path.is_file() or path.stat().st_size != expected:
-        raise IndexFolderError(f"{path}: expected {rows} x {dim} float16 embeddings")
-    return np.memmap(path, dtype=np.float16, mode="r", shape=(rows, dim))
+    if (folder / RERANK_FILE).is_file():  # a re-ranking index keeps them there
+        return embeddings_in(folder / RERANK_FILE, rows, dim)
+    return open_embeddings(folder / EMBEDDINGS_FILE, rows, dim)
 
 
 def default_nlist(rows: int) -> int:
@@ -164,7 +190,10 @@ def _make_faiss(config: FaissConfig, dim: int, rows: int) -> Any:
         )  # fmt: skip
     nlist = config.nlist or default_nlist(rows)
     rotation = f"OPQ{config.pq_m}," if config.opq else ""
-    spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}"
+    # "np": no polysemous training, which index_factory runs for 8-bit codes by default; it
+    # only serves Hamming-threshold search, which we never use, and took 217 s of a 218 s
+    # build of 1,000 vectors here
+    spec = f"{rotation}IVF{nlist},PQ{config.pq_m}x{config.pq_bits}np"
     return faiss.index_factory(dim, spec, ip)
 
 
@@ -242,12 +271,19 @@ def build_dense(
         faiss_index = build_faiss(embeddings, faiss_config, progress)
         faiss.write_index(faiss_index, str(tmp / FAISS_FILE))
         del embeddings
-        if not keep_embeddings:
+        if faiss_config.rerank:  # the embeddings move into the re-rank file
+            write_rerank_file(tmp / EMBEDDINGS_FILE, tmp / RERANK_FILE, len(offsets), dim)
+            keep_embeddings = True
+            (tmp / EMBEDDINGS_FILE).unlink()
+        elif not keep_embeddings:
             (tmp / EMBEDDINGS_FILE).unlink()
         index_bytes = (tmp / FAISS_FILE).stat().st_size
+        rerank_file = tmp / RERANK_FILE
+        rerank_bytes = rerank_file.stat().st_size if rerank_file.is_file() else 0
         rows = len(offsets)
         faiss_record = {
             **asdict(faiss_config),
+            "nprobe": faiss_config.search_nprobe,
             "nlist": _nlist(faiss_index),
             "description": type(faiss_index).__name__,
         }
@@ -264,6 +300,7 @@ def build_dense(
                 "kept_embeddings": keep_embeddings,
                 "index_bytes": index_bytes,
                 "bytes_per_passage": round((index_bytes + 8 * rows) / max(rows, 1), 1),
+                "memory": _memory(faiss_index, index_bytes, rows, rerank_bytes),
             },
             encode_seconds=round(encode_seconds, 3),
             index_seconds=round(time.perf_counter() - built, 3),
@@ -282,8 +319,19 @@ def _reuse_embeddings(
         raise IndexFolderError(f"{source} is not a dense index that kept its embeddings")
     open_store(source, donor, corpus).close()  # checks it indexed this very corpus
     shutil.copyfile(source / OFFSETS, folder / OFFSETS)
-    shutil.copyfile(source / EMBEDDINGS_FILE, folder / EMBEDDINGS_FILE)
+    embeddings = _open_embeddings(source, donor["passages"], donor["dense"]["dim"])
+    with (folder / EMBEDDINGS_FILE).open("wb") as out:
+        for start in range(0, len(embeddings), 65536):
+            out.write(np.ascontiguousarray(embeddings[start : start + 65536]).tobytes())
     return np.load(folder / OFFSETS), donor["dense"]["dim"], donor["dense"]["encoder"]
+
+
+def _memory(index: Any, index_bytes: int, rows: int, rerank_bytes: int) -> dict[str, Any]:
+    """Resident and disk bytes (see ``rerank.memory_record``); the whole index is resident for
+    kinds other than IVF-PQ."""
+    payload = ivf_payload_bytes(index) if _nlist(index) is not None else index_bytes
+    record = memory_record(index_bytes, payload, rows, rerank_bytes)
+    return {**record, "rerank_file": RERANK_FILE if rerank_bytes else None}
 
 
 def _nlist(index: Any) -> int | None:
@@ -304,6 +352,10 @@ class DenseIndex:
     encoder: Encoder
     store: PassageStore
     search_params: dict[str, Any] = field(default_factory=dict)
+    refine: Any = None
+    """Re-ranking indexes: the float16 re-rank index (codes memory-mapped); else None."""
+    load_rss_anon_bytes: int | None = None
+    """Anonymous memory that reading the FAISS index and offsets added to this process."""
     kind = "dense"
 
     @classmethod
@@ -314,31 +366,40 @@ class DenseIndex:
         *,
         ef_search: int | None = None,
         nprobe: int | None = None,
+        candidates: int | None = None,
         devices: Sequence[str] | None = None,
         gpu: bool = False,
         mmap: bool = False,
     ) -> DenseIndex:
-        """Open a dense index. ``ef_search`` / ``nprobe`` override the built settings;
-        ``devices`` the encoder's devices; ``gpu`` moves the FAISS index to all GPUs (needs a
-        GPU build of FAISS); ``mmap`` maps the index file instead of reading it (server workers
-        then share one copy through the page cache)."""
+        """Open a dense index. ``ef_search`` / ``nprobe`` / ``candidates`` override the built
+        settings; ``devices`` the encoder's devices; ``gpu`` moves the FAISS index to all GPUs
+        (needs a GPU build of FAISS); ``mmap`` maps the index file instead of reading it
+        (server workers then share one copy through the page cache). A re-ranking index's
+        embeddings are always memory-mapped, shared the same way."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest["kind"] != cls.kind:
             raise IndexFolderError(f"{folder} holds a {manifest['kind']} index, not dense")
-        store = open_store(folder, manifest, corpus)
         faiss = require("faiss")
+        before = rss_anon_bytes()
+        store = open_store(folder, manifest, corpus)
         flags = faiss.IO_FLAG_MMAP if mmap else 0
         index = faiss.read_index(str(folder / FAISS_FILE), flags)
         if index.ntotal != len(store):
             raise IndexFolderError(
                 f"index {folder} is damaged: {index.ntotal} vectors for {len(store)} passages"
             )
+        record = manifest["dense"]
+        refine = None
+        if record["faiss"].get("rerank"):
+            refine = open_rerank_file(folder / RERANK_FILE)
+            if refine.ntotal != len(store):
+                raise IndexFolderError(f"{folder / RERANK_FILE} is damaged: wrong row count")
+        after = rss_anon_bytes()
         if gpu:
             if not hasattr(faiss, "index_cpu_to_all_gpus"):
                 raise MemSearcherError("gpu=True needs a GPU build of FAISS (faiss-gpu)")
-            index = faiss.index_cpu_to_all_gpus(index)
-        record = manifest["dense"]
+            index = faiss.index_cpu_to_all_gpus(index)  # the codes; re-ranking stays on the CPU
         config = record["encoder"]
         encoder_config = EncoderConfig(
             **{k: v for k, v in config.items() if k in EncoderConfig.__dataclass_fields__}
@@ -351,8 +412,14 @@ class DenseIndex:
             "ef_search": record["faiss"]["ef_search"] if ef_search is None else ef_search,
             "nprobe": record["faiss"]["nprobe"] if nprobe is None else nprobe,
         }
-        _apply_search_params(index, params)
-        return cls(folder, manifest, index, encoder, store, params)
+        if refine is not None:
+            built = record["faiss"]["candidates"]
+            params["candidates"] = built if candidates is None else candidates
+        _apply_search_params(index, params)  # to the codes, before IndexRefine wraps them
+        if refine is not None:
+            index = faiss.IndexRefine(index, refine)
+        grown = None if before is None or after is None else after - before
+        return cls(folder, manifest, index, encoder, store, params, refine, grown)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -364,8 +431,24 @@ class DenseIndex:
         k = min(top_n, len(self))
         if k == 0 or len(vectors) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in vectors]
+        if self.refine is not None:  # IndexRefine: the codes' top k x k_factor, re-ranked
+            # + 0.5: FAISS takes int(k * k_factor) in float32
+            self.index.k_factor = (max(k, int(self.search_params["candidates"])) + 0.5) / k
         scores, rows = self.index.search(vectors, k)
         return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores, strict=True)]
+
+    def memory(self) -> dict[str, Any]:
+        """The manifest's resident and disk figures, and what this process measures now: the
+        anonymous memory loading the index took, and the re-rank file's pages mapped here
+        (page cache, shared by every process that maps the file; reported apart)."""
+        record = dict(self.manifest["dense"].get("memory") or {})
+        record["load_rss_anon_bytes"] = self.load_rss_anon_bytes
+        record["pid"] = os.getpid()
+        if self.refine is not None:
+            mapped = mapped_bytes(self.folder / RERANK_FILE)
+            record["rerank_file_mapped_rss_bytes"] = mapped.get("rss")
+            record["rerank_file_private_bytes"] = mapped.get("anonymous")
+        return record
 
     def search_rows(
         self, queries: Sequence[str], top_n: int

@@ -256,7 +256,11 @@ def create_app(
 
     @app.get("/health", summary="Liveness and what is being served")
     async def health() -> Any:
-        return JSONResponse({"status": "ok", **info, "limits": asdict(config)})
+        """Also the index's memory: resident bytes (a passage, and fixed), disk bytes, and for
+        re-ranking indexes the page cache this worker maps of the re-rank file, apart."""
+        memory = getattr(retriever, "memory", None)
+        extra = {"memory": memory()} if callable(memory) else {}
+        return JSONResponse({"status": "ok", **info, **extra, "limits": asdict(config)})
 
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
     app.add_middleware(HostGuard, hosts=hosts)  # added last, so it runs first
