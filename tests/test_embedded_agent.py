@@ -4,9 +4,6 @@ a full search turn by the real model (SmolLM2-135M + adapter) on the real embedd
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -127,22 +124,6 @@ def test_adapter_completes_a_search_turn() -> None:
     assert "<tool_call>" in action and "<tool_response>" not in action
     assert "<tool_response>" in inserted and first.hits[0].title in inserted
     assert memory.strip().startswith("<memory>") and memory.strip().endswith("</memory>")
-
-
-@pytest.mark.slow
-def test_cli_ask_searches() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "memsearcher.cli", "ask", KNOWN.question, "--top-n", "3"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("Turn 1  (context ")
-    for label in ("think", "search", "hits", "memory"):
-        assert any(line.strip().startswith(label) for line in lines), (label, result.stdout)
 
 
 def _spans(ids: tuple[int, ...], mask: tuple[int, ...]) -> list[tuple[int, list[int]]]:
