@@ -111,7 +111,8 @@ def test_adapter_completes_a_search_turn() -> None:
     from memsearcher.llm.hf import HFModel
 
     llm = HFModel.from_pretrained(resolve_model("embedded"), device="cpu")
-    config = AgentConfig(max_turns=3, max_new_tokens=64, memory_tokens=96, top_n=3)
+    # one turn is all the check needs: act, search, memory (then the turn limit ends it)
+    config = AgentConfig(max_turns=1, max_new_tokens=48, memory_tokens=64, top_n=3)
     episodes = start_episodes("memsearcher", [KNOWN], llm.tokenizer, config)
     (trajectory,) = run_lockstep(episodes, llm, open_retriever(None), SamplingParams())
     first = trajectory.turns[0]

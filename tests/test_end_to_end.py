@@ -95,6 +95,7 @@ def _ordered_subsets(completions: list, target: tuple) -> list[list[int]]:
 def test_cli_ask(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {**os.environ}
     command = [sys.executable, "-m", "memsearcher.cli", "ask", "Who wrote Hamlet?"]
+    command += ["--max-turns", "2", "--top-n", "3"]  # turn 1 is what is checked
     shown = subprocess.run(
         command + ["--max-new-tokens", "48"], capture_output=True, text=True, env=env, timeout=300
     )
