@@ -95,12 +95,17 @@ def _ordered_subsets(completions: list, target: tuple) -> list[list[int]]:
 def test_cli_ask(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {**os.environ}
     command = [sys.executable, "-m", "memsearcher.cli", "ask", "Who wrote Hamlet?"]
+    command += ["--max-turns", "2", "--top-n", "3"]  # turn 1 is what is checked
     shown = subprocess.run(
         command + ["--max-new-tokens", "48"], capture_output=True, text=True, env=env, timeout=300
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("Turn 1  (context ")
     assert "Answer: " in shown.stdout or "No answer (" in shown.stdout
+    # the default model (SmolLM2 + the protocol adapter) completes a search turn
+    turn_1 = shown.stdout.split("Turn 2")[0].splitlines()
+    for label in ("think", "search", "hits", "memory"):
+        assert any(line.split()[:1] == [label] for line in turn_1), (label, shown.stdout)
     as_json = subprocess.run(
         command + ["--json", "--agent", "react", "--max-new-tokens", "48"],
         capture_output=True,

@@ -24,7 +24,10 @@ def add_ask_command(commands: argparse._SubParsersAction) -> None:
         help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
     )
     parser.add_argument(
-        "--model", default="embedded", help="'embedded' (SmolLM2-135M), an HF folder or hub id"
+        "--model",
+        default="embedded",
+        help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
+        "model), an HF folder or hub id",
     )
     parser.add_argument(
         "--retriever", default=None, help="index folder or http(s) URL (default: embedded BM25)"

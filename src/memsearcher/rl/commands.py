@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -55,9 +57,27 @@ def _run(args: argparse.Namespace) -> int:
 
         train_grpo(config, resume=args.resume, echo=tqdm.write)
     else:
-        from memsearcher.rl.train_sft import train_sft
-
         assert isinstance(config, SFTConfig)
-        train_sft(config, resume=args.resume, echo=tqdm.write)
+        _train_sft(config, args.resume)
     print(f"checkpoints in {config.output_dir}")
     return 0
+
+
+def _train_sft(config: SFTConfig, resume: bool) -> None:
+    """SFT, with the protocol data built first and the adapter exported after, if asked."""
+    from memsearcher.rl.train_sft import train_sft
+
+    if config.build is not None and not Path(config.data).is_file():
+        from memsearcher.demo.embedded_agent import build_protocol_data
+        from memsearcher.llm import load_tokenizer
+        from memsearcher.llm.embedded import resolve_model
+
+        tokenizer = load_tokenizer(resolve_model(config.model.path))
+        build_protocol_data(config.build, config.data, tokenizer, tqdm.write)
+    started = time.perf_counter()
+    train_sft(config, resume=resume, echo=tqdm.write)
+    if config.export_adapter:
+        from memsearcher.demo.embedded_agent import export_trained_adapter
+
+        folder = export_trained_adapter(config, time.perf_counter() - started)
+        print(f"adapter written to {folder}")

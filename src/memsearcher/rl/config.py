@@ -30,6 +30,7 @@ __all__ = [
     "GRPOConfig",
     "ModelConfig",
     "OptimConfig",
+    "ProtocolDataConfig",
     "SFTConfig",
     "config_to_dict",
     "load_config",
@@ -53,7 +54,8 @@ class ModelConfig:
     """Which model to train and how it sits in memory."""
 
     path: str = "embedded"
-    """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct."""
+    """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct with its
+    protocol adapter merged in, "embedded-base" the raw model."""
     dtype: str = "float32"
     """Parameter dtype (the optimizer's master weights): float32, or bfloat16 / float16 for
     frozen weights under LoRA; bfloat16 trainable weights need lr >= 1e-4 (docs/training.md)."""
@@ -239,6 +241,41 @@ class GRPOConfig:
 
 
 @dataclass(frozen=True)
+class ProtocolDataConfig:
+    """Oracle trajectories that teach a model the protocol (memsearcher.demo.embedded_agent)."""
+
+    worlds: int = 40
+    """Synthetic worlds, one per seed, so that fictional names rarely repeat."""
+    questions_per_world: int = 6
+    """Training questions drawn per world and agent."""
+    wiki_questions: int = 400
+    """Questions read off embedded Wikipedia passages (before dropping the retriever's misses),
+    each run by both agents."""
+    passage_words: int = 50
+    """Wikipedia passages are cut to their first sentences, at most this many words (0: whole
+    passages), to keep SFT sequences short on a CPU."""
+    max_share: float = 0.3
+    """Largest share of one kind of Wikipedia question (nationality questions abound)."""
+    heldout: str = ""
+    """A FlashRAG file of held-out questions: passages with their ``metadata.title`` are never
+    used for training questions ("" excludes none)."""
+    seed: int = 0
+    """Seeds the worlds and the draws."""
+    agent: AgentConfig = field(
+        default_factory=lambda: AgentConfig(
+            max_turns=4, memory_tokens=128, max_new_tokens=128, top_n=3
+        )
+    )
+    """The agents' settings while the oracle runs (top_n passages per search)."""
+
+    def __post_init__(self) -> None:
+        _require(self, "worlds", self.worlds >= 0, ">= 0")
+        _require(self, "questions_per_world", self.questions_per_world >= 0, ">= 0")
+        _require(self, "wiki_questions", self.wiki_questions >= 0, ">= 0")
+        _require(self, "max_share", 0 < self.max_share <= 1, "in (0, 1]")
+
+
+@dataclass(frozen=True)
 class SFTConfig:
     """Supervised fine-tuning on trajectories: the distillation baseline."""
 
@@ -264,12 +301,20 @@ class SFTConfig:
     """Steps between checkpoints (the last step is always saved)."""
     tensorboard: bool = True
     """Write TensorBoard events (needs the tensorboard package)."""
+    max_sequence_tokens: int = 0
+    """Drop sequences longer than this many tokens (0 keeps all)."""
+    build: ProtocolDataConfig | None = None
+    """When set, `train sft` first writes ``data`` with these oracle trajectories if that file
+    does not exist yet."""
+    export_adapter: str = ""
+    """When set, the final LoRA adapter is also written here (float16, with a model card)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer and schedule."""
 
     def __post_init__(self) -> None:
+        _require(self, "max_sequence_tokens", self.max_sequence_tokens >= 0, ">= 0")
         _positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
         _positive(self, "save_every")
         _require(self, "steps", self.steps >= 0, ">= 0 (0: epochs passes over the data)")

@@ -61,11 +61,9 @@ def load_policy(config: ModelConfig, runtime: Runtime, precision: Precision) -> 
     """The trainable model (LoRA-wrapped if asked) on this rank's device, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = config.path
-    if path == "embedded":
-        from memsearcher.llm.embedded import embedded_model_path
+    from memsearcher.llm.embedded import resolve_model
 
-        path = str(embedded_model_path())
+    path = resolve_model(config.path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=precision.weights)

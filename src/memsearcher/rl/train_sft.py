@@ -73,6 +73,7 @@ def train_sft(
         if t.well_formed or not config.only_well_formed
         for s in t.sequences
         if any(s.loss_mask)
+        and (not config.max_sequence_tokens or len(s.input_ids) <= config.max_sequence_tokens)
     ]
     if not sequences:
         raise MemSearcherError(f"{config.data}: no trainable sequences")

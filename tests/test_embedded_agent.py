@@ -1,0 +1,137 @@
+"""The embedded agent: its held-out questions, its SFT data, the packaged protocol adapter, and
+a full search turn by the real model (SmolLM2-135M + adapter) on the real embedded index."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.demo.embedded_agent import (
+    build_protocol_data,
+    overlaps_heldout,
+    read_heldout,
+    wiki_questions,
+)
+from memsearcher.llm import load_tokenizer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.embedded import (
+    ADAPTER,
+    embedded_agent_path,
+    embedded_model_path,
+    resolve_model,
+)
+from memsearcher.retrieval import open_retriever
+from memsearcher.retrieval.embedded import embedded_passages
+from memsearcher.rl.config import ProtocolDataConfig, SFTConfig, load_config
+from memsearcher.rl.train_sft import read_trajectories
+from memsearcher.types import QAExample
+
+ROOT = Path(__file__).parents[1]
+HELDOUT = ROOT / "benchmarks" / "data" / "embedded-wiki-questions.jsonl"
+KNOWN = QAExample("hamlet", "Who wrote Hamlet?", ("William Shakespeare",))
+
+
+def test_heldout_questions_are_answerable_from_their_passages() -> None:
+    rows = read_heldout(HELDOUT)
+    assert len(rows) >= 50
+    assert len({row["question"] for row in rows}) == len(rows)
+    passages = {p.title: p.text for p in embedded_passages()}
+    for row in rows:
+        text = passages[row["metadata"]["title"]].lower()
+        assert any(answer.lower() in text for answer in row["golden_answers"]), row
+
+
+def test_sft_data_never_touches_the_heldout_questions(tmp_path: Path) -> None:
+    config = load_config(SFTConfig, ROOT / "configs" / "embedded-agent.yaml")
+    assert config.build is not None and Path(config.build.heldout) == HELDOUT.relative_to(ROOT)
+    rows = read_heldout(HELDOUT)
+    titles = {row["metadata"]["title"] for row in rows}
+    texts = {row["question"] for row in rows}
+    # without the filter, the patterns would ask about held-out passages: the filter bites
+    overlaps = overlaps_heldout(rows)
+    candidates = wiki_questions([(p.title, p.text) for p in embedded_passages()], set())
+    assert any(q.title in titles for q in candidates)
+    assert all(overlaps(q) for q in candidates if q.title in titles or q.question in texts)
+
+    small = ProtocolDataConfig(worlds=1, questions_per_world=4, wiki_questions=40,
+                               heldout=str(HELDOUT))  # fmt: skip
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    data = tmp_path / "protocol.jsonl"
+    stats = build_protocol_data(small, data, tokenizer, lambda _: None)
+    trajectories = read_trajectories(data)
+    assert stats["wiki_trajectories"] > 40 and stats["synthetic_trajectories"] > 0
+    assert {t.agent for t in trajectories} == {"memsearcher", "react"}
+    subjects = titles | {title.split(" (")[0] for title in titles}
+    for trajectory in trajectories:
+        example = trajectory.example
+        assert example.question not in texts
+        assert example.metadata.get("title") not in titles
+        assert example.metadata.get("entity") not in subjects
+        assert trajectory.end_reason == "answer" and trajectory.turns[0].query
+        decoded = tokenizer.decode(trajectory.sequences[0].input_ids)
+        assert decoded.startswith("<|im_start|>system\nAnswer the question by searching")
+
+
+def test_shipped_adapter_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    config = json.loads((ADAPTER / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] > 0
+    assert (ADAPTER / "adapter_model.safetensors").stat().st_size < 20_000_000
+    assert (ADAPTER / "README.md").is_file()
+    merged_path = embedded_agent_path()
+    assert resolve_model("embedded") == str(merged_path)
+    assert resolve_model("embedded-base") == str(embedded_model_path())
+    assert resolve_model("some/hub-id") == "some/hub-id"
+
+    merged = AutoModelForCausalLM.from_pretrained(merged_path, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
+    reference = PeftModel.from_pretrained(base, str(ADAPTER)).eval()
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 1789, 30, 2]])
+    with torch.no_grad():
+        ours, theirs = merged(ids).logits, reference(ids).logits
+        plain = reference.get_base_model()
+        with reference.disable_adapter():
+            raw = plain(ids).logits
+    # our merge (plain safetensors arithmetic) computes what peft computes with the adapter on
+    torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=1e-3)
+    assert (ours - raw).abs().max() > 0.1  # and the adapter changes the model
+
+
+@pytest.mark.slow
+def test_adapter_completes_a_search_turn() -> None:
+    """The mask-0 path with a real model: a tool call, the tool response (mask 0), a memory."""
+    from memsearcher.llm.hf import HFModel
+
+    llm = HFModel.from_pretrained(resolve_model("embedded"), device="cpu")
+    # one turn is all the check needs: act, search, memory (then the turn limit ends it)
+    config = AgentConfig(max_turns=1, max_new_tokens=48, memory_tokens=64, top_n=3)
+    episodes = start_episodes("memsearcher", [KNOWN], llm.tokenizer, config)
+    (trajectory,) = run_lockstep(episodes, llm, open_retriever(None), SamplingParams())
+    first = trajectory.turns[0]
+    assert first.query and first.hits and first.error is None
+    assert first.memory  # the rewritten memory, parsed from <memory> ... </memory>
+    sequence = trajectory.sequences[first.sequence_index]
+    spans = _spans(sequence.response_ids, sequence.loss_mask)
+    assert [mask for mask, _ in spans] == [1, 0, 1]
+    action, inserted, memory = (llm.tokenizer.decode(ids) for _, ids in spans)
+    assert "<tool_call>" in action and "<tool_response>" not in action
+    assert "<tool_response>" in inserted and first.hits[0].title in inserted
+    assert memory.strip().startswith("<memory>") and memory.strip().endswith("</memory>")
+
+
+def _spans(ids: tuple[int, ...], mask: tuple[int, ...]) -> list[tuple[int, list[int]]]:
+    spans: list[tuple[int, list[int]]] = []
+    for token, m in zip(ids, mask, strict=True):
+        if spans and spans[-1][0] == m:
+            spans[-1][1].append(token)
+        else:
+            spans.append((m, [token]))
+    return spans
