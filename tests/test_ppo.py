@@ -296,6 +296,12 @@ def test_gae_targets_give_each_action_its_trajectory_score_minus_its_value() -> 
     assert penalized[0][0].item() == pytest.approx(0.6) and metrics["reward/kl"] == 1.0
     assert penalized[1][1].item() == pytest.approx(0.9)
 
+    # a rank left with no sequence gets nothing to train on, and the same metric keys, which
+    # the ranks' metric all-reduce needs
+    empty = gae_targets([], torch.zeros(0, dtype=torch.long), scores, [], kl)
+    assert empty == ([], [], {"reward/score_mean": 0.0, "reward/kl": 0.0, "reward/kl_coef": 0.1})
+    assert set(empty[2]) == set(metrics)
+
 
 def test_critic_gradient_is_the_token_mean_whatever_the_micro_batches(tiny_path: str) -> None:
     """Accumulated over micro-batches of different sizes, the value loss's gradient is that of

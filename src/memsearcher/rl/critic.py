@@ -72,6 +72,11 @@ def gae_targets(
     trajectory, indexed by those ids. ``old``/``ref``: response log-probs, for the KL penalty
     ``config.kl_reward * (old - ref)`` on every action token (MEM1: 0.001).
     """
+    if not sequences:  # a rank whose trajectories all ended before acting: same metric keys
+        none = {"reward/score_mean": 0.0}
+        if config.kl_reward > 0:
+            none.update({"reward/kl": 0.0, "reward/kl_coef": config.kl_reward})
+        return [], [], none
     kept, turns = torch.unique_consecutive(trajectory_ids, return_counts=True)
     turns_list = turns.tolist()
     masks = [torch.tensor(s.loss_mask, dtype=torch.float32) for s in sequences]
