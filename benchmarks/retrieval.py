@@ -31,7 +31,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import json
 import platform
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -41,26 +40,13 @@ from typing import Any
 
 import numpy as np
 import retrieval_rerank  # benchmarks/retrieval_rerank.py: the two-stage rows
+from retrieval_rerank import best_time, log
 
 from memsearcher.retrieval.bm25 import BM25Config, Tokenizer, build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
 
 WORDS_PER_PASSAGE = 100
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def best_time(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
-    """Fastest of ``repeat`` runs (the usual way to time on a shared machine) and the result."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, result
 
 
 # ---------------------------------------------------------------------------- corpus generation

@@ -62,6 +62,7 @@ def log(message: str) -> None:
 
 
 def best_time(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
+    """Fastest of ``repeat`` runs (the usual way to time on a shared machine) and the result."""
     best, result = float("inf"), None
     for _ in range(repeat):
         started = time.perf_counter()
