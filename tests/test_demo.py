@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from memsearcher.data.synthetic import (
     generate_world,
     write_world,
 )
+from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
 from memsearcher.demo.model import build_tokenizer
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams
@@ -98,8 +100,71 @@ def world_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "paths": paths,
         "index": build_bm25(paths["corpus"], folder / "index"),
-        "tokenizer": HFTokenizer(build_tokenizer(texts, DEMO.model.vocab)),
+        "tokenizer": HFTokenizer(build_tokenizer(texts, DEMO.model.vocab, world.names)),
+        "world": world,
     }
+
+
+def test_every_name_is_one_token_wherever_it_stands(world_files: dict[str, Any]) -> None:
+    """After a space, a quote or at the start: the same single token, so a copy is one token."""
+    tokenizer = world_files["tokenizer"]
+    for name in world_files["world"].names:
+        (token,) = tokenizer.encode(name)
+        for context in (f"in {name}.", f'{{"query": "{name}"}}', f"<memory> {name} was"):
+            assert token in tokenizer.encode(context), (name, context)
+            assert tokenizer.decode(tokenizer.encode(context)) == context
+
+
+def _teacher_runs(
+    world_files: dict[str, Any], flaws: TeacherFlaws, agent: str = "memsearcher"
+) -> list[Any]:
+    examples = read_examples(world_files["paths"]["train"])
+    tokenizer = world_files["tokenizer"]
+    episodes = start_episodes(agent, examples, tokenizer, DEMO.agent, Templates(**DEMO_TEMPLATES))
+    teacher = ScriptedLLM(tokenizer, oracle_policy(examples, flaws))
+    return run_lockstep(episodes, teacher, world_files["index"], SamplingParams())
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.5])
+def test_the_imperfect_teacher_answers_early_at_its_stated_rate(
+    world_files: dict[str, Any], rate: float
+) -> None:
+    """Every turn where the chain is read in part is a draw: answer now (wrong) or search on.
+    The share answered must match the rate within three binomial standard deviations."""
+    draws = early = 0
+    for t in _teacher_runs(world_files, TeacherFlaws(early_answer=rate, seed=3)):
+        hops = [h["entity"] for h in t.example.metadata["hops"]]
+        searched = [turn.query for turn in t.turns if turn.query]
+        assert searched == hops[: len(searched)]  # every search it makes is the right one
+        partial_turns = len(searched) - 1 if len(searched) == len(hops) else len(searched)
+        draws += partial_turns
+        answered_early = len(searched) < len(hops)
+        early += answered_early
+        if answered_early:
+            assert t.answer == t.example.metadata["hops"][len(searched) - 1]["target"]
+    assert draws > 300
+    assert abs(early / draws - rate) < 3 * (rate * (1 - rate) / draws) ** 0.5
+
+
+def test_the_teacher_is_the_same_for_a_seed_and_behaviour_reads_it(
+    world_files: dict[str, Any],
+) -> None:
+    flawed = TeacherFlaws(early_answer=0.5, seed=1)
+    first = [t.to_dict() for t in _teacher_runs(world_files, flawed)]
+    assert first == [t.to_dict() for t in _teacher_runs(world_files, flawed)]
+    other = [t.to_dict() for t in _teacher_runs(world_files, replace(flawed, seed=2))]
+    assert first != other
+
+    def measured(trajectories: list[Any]) -> dict[str, float]:
+        return behaviour([{"prediction": t["answer"], "trajectory": t} for t in trajectories])
+
+    ideal = measured([t.to_dict() for t in _teacher_runs(world_files, TeacherFlaws())])
+    assert ideal == {"early_answers": 0.0, "first_query_copied": 1.0, "searches_per_hop": 1.0,
+                     "memory_complete": 1.0}  # fmt: skip
+    flawed_behaviour = measured(first)
+    assert 0.1 < flawed_behaviour["early_answers"] < 0.5  # 1-hop questions cannot be early
+    assert flawed_behaviour["searches_per_hop"] < 1.0
+    assert flawed_behaviour["memory_complete"] == 1.0
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "react"])
@@ -164,7 +229,12 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     assert set(results["evaluations"]) == {
         f"{m}/{a}" for m in ("untrained", "sft", "sft+grpo") for a in ("memsearcher", "react")
     }
-    assert results["oracle_em"] == {"memsearcher": 1.0, "react": 1.0}
+    teacher = results["teacher"]
+    assert teacher["flaws"] == {**asdict(PRESETS["quick"].flaws), "seed": 0}
+    for agent in ("memsearcher", "react"):  # the flaw costs the teacher its early answers
+        assert teacher[agent]["early_answers"] > 0 and teacher[agent]["em"] < 1.0
+    assert set(results["copy_probe"]) == {"warm-up", "sft", "name_tokens"}
+    assert results["evaluations"]["sft/memsearcher"]["behaviour"].keys() == BEHAVIOURS.keys()
     assert set(results["grpo_questions"]) == {
         f"{m}/{a}" for m in ("sft", "sft+grpo") for a in ("memsearcher", "react")
     }

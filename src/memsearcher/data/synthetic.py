@@ -210,6 +210,8 @@ class World:
     config: WorldConfig
     passages: tuple[tuple[str, str], ...]
     questions: tuple[Question, ...]
+    names: tuple[str, ...] = ()
+    """Every entity's full name (people, cities, countries, organizations, works), sorted."""
 
     def split(self, name: str) -> list[Question]:
         return [q for q in self.questions if q.split == name]
@@ -273,7 +275,8 @@ def generate_world(config: WorldConfig = WorldConfig()) -> World:
     passages = _passages(rng, facts, countries, cities, orgs, people, works)
     starts = {"person": people, "work": works, "org": orgs, "city": cities}
     questions = _questions(rng, config, facts, starts)
-    return World(config, tuple(passages), tuple(questions))
+    entity_names = sorted({*people, *cities, *countries, *orgs, *works})
+    return World(config, tuple(passages), tuple(questions), tuple(entity_names))
 
 
 def _titles(rng: random.Random, count: int) -> list[str]:

@@ -6,7 +6,7 @@ trainers, the agents and the evaluation load it through the same code paths as a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +38,13 @@ class ModelSize:
     """Longest sequence the position encoding is set up for."""
 
 
-def build_tokenizer(texts: Iterable[str], vocab: int) -> object:
-    """A byte-level BPE trained on ``texts``, wrapped as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(texts: Iterable[str], vocab: int, names: Sequence[str] = ()) -> object:
+    """A byte-level BPE trained on ``texts``, wrapped as a transformers fast tokenizer.
+
+    Each of ``names`` becomes one token of its own, the same token wherever it stands (after a
+    space, a quote or at the start of a line), so copying a name is copying one token.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
@@ -59,17 +63,21 @@ def build_tokenizer(texts: Iterable[str], vocab: int) -> object:
         pad_token="<|endoftext|>",
         bos_token=None,
     )
+    tokenizer.add_tokens([AddedToken(n, single_word=True, normalized=False) for n in names])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def save_demo_model(folder: str | Path, texts: Iterable[str], size: ModelSize, seed: int) -> Path:
-    """Train the tokenizer on ``texts``, initialize the model from ``seed``, save both."""
+def save_demo_model(
+    folder: str | Path, texts: Iterable[str], size: ModelSize, seed: int, names: Sequence[str] = ()
+) -> Path:
+    """Train the tokenizer on ``texts`` (``names`` one token each), initialize the model from
+    ``seed``, save both."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = Path(folder)
-    tokenizer = build_tokenizer(texts, size.vocab)
+    tokenizer = build_tokenizer(texts, size.vocab, names)
     config = LlamaConfig(
         vocab_size=len(tokenizer),  # type: ignore[arg-type]
         hidden_size=size.hidden,

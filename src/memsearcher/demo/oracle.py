@@ -17,8 +17,10 @@ at once, separated by ";".
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from memsearcher.agent.base import MEMORY_STOP
 from memsearcher.agent.prompts import TOOL_NAME
@@ -30,6 +32,7 @@ from memsearcher.types import QAExample
 __all__ = [
     "DEMO_MEM1_TEMPLATES",
     "DEMO_TEMPLATES",
+    "TeacherFlaws",
     "oracle_policy",
     "protocol_texts",
     "read_chain",
@@ -82,9 +85,31 @@ def read_chain(entity: str, relations: Sequence[str], evidence: str) -> list[tup
     return found
 
 
-def oracle_policy(examples: Sequence[QAExample]) -> Reply:
+@dataclass(frozen=True)
+class TeacherFlaws:
+    """How an imperfect demonstrator departs from the ideal agent (every rate 0: the ideal one).
+
+    The paper's SFT data comes from a teacher never optimized for the agent's role; the demo's
+    analogue is this oracle with flaws that hold for any entity, so a policy that reward
+    improves on one question improves on all. Each draw is fixed by (seed, question, hops read),
+    so the same state always gets the same choice and a seed gives the same data.
+    """
+
+    early_answer: float = 0.0
+    """Chance, at each turn where part of a chain is read but not all of it, of answering
+    with the last entity read instead of searching on."""
+    seed: int = 0
+    """Seeds the draws."""
+
+    def answers_early(self, question: str, hops_read: int) -> bool:
+        if not self.early_answer or hops_read == 0:
+            return False
+        return random.Random(f"{self.seed}|{question}|{hops_read}").random() < self.early_answer
+
+
+def oracle_policy(examples: Sequence[QAExample], flaws: TeacherFlaws = TeacherFlaws()) -> Reply:
     """Reply as the ideal agent for the synthetic ``examples`` (their metadata holds the hops;
-    a composed task's objectives hold theirs).
+    a composed task's objectives hold theirs), with ``flaws`` if any.
 
     Act: search the first entity of the first chain not yet resolved, or answer once all are.
     Memory update (MemSearcher), or internal state (MEM1): the fact sentences of the chains
@@ -107,6 +132,8 @@ def oracle_policy(examples: Sequence[QAExample]) -> Reply:
             answer = "; ".join(chain[-1][1] for chain in found)
             return _mem1(facts, "answer", answer) if mem1 else _answer(answer)
         hops, chain = pending[0]
+        if len(tasks[question]) == 1 and flaws.answers_early(question, len(chain)):
+            return _answer(chain[-1][1])
         entity = chain[-1][1] if chain else hops[0].entity
         return _mem1(facts, "search", entity) if mem1 else _act(entity)
 

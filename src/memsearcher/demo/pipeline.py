@@ -7,7 +7,8 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
     OUT/index/          BM25 index of the world
     OUT/templates.yaml  the demo's short prompts
     OUT/models/init     tokenizer trained here + a randomly initialized Llama
-    OUT/oracle/         oracle trajectories of both agents (the SFT data)
+    OUT/models/copy     the same model after its copy warm-up (where SFT starts)
+    OUT/oracle/         the imperfect teacher's trajectories of both agents (the SFT data)
     OUT/sft/            SFT run (metrics.jsonl, step-N/model)
     OUT/grpo-<agent>/   GRPO run per agent
     OUT/eval/<method>-<agent>/  predictions and summary on the test (and rl) questions
@@ -17,6 +18,7 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -28,8 +30,10 @@ import yaml
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import SPLITS, WorldConfig, generate_world, write_world
+from memsearcher.demo.behaviour import behaviour
+from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.eval.metrics import exact_match
 from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
 from memsearcher.llm import load_tokenizer
@@ -62,6 +66,10 @@ class DemoConfig:
     """The synthetic world (its seed is replaced by the run's seed)."""
     model: ModelSize = field(default_factory=ModelSize)
     """The from-scratch model."""
+    copy_warmup_steps: int = 600
+    """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT."""
+    flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
+    """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
     agent: AgentConfig = field(
         default_factory=lambda: AgentConfig(
             max_turns=5, memory_tokens=64, max_new_tokens=64, top_n=3
@@ -95,6 +103,7 @@ PRESETS: dict[str, DemoConfig] = {
     "quick": DemoConfig(
         world=WorldConfig(people=16, cities=8, countries=4, orgs=6, works=20),
         model=ModelSize(vocab=768, hidden=64, layers=2),
+        copy_warmup_steps=20,
         sft_steps=40,
         grpo_steps=2,
         grpo_questions_per_step=8,
@@ -136,29 +145,52 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done()
 
     done = stage("tokenizer and model")
-    init = save_demo_model(out / "models" / "init", tokenizer_texts(world), config.model, seed)
+    init = save_demo_model(
+        out / "models" / "init", tokenizer_texts(world), config.model, seed, world.names
+    )
     done()
 
-    done = stage("oracle trajectories")
+    done = stage("copy warm-up")
+    warm = out / "models" / "copy"
+    shutil.copytree(init, warm, dirs_exist_ok=True)
+    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed)
+    if losses:
+        echo(f"[demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    done()
+
+    done = stage("teacher trajectories")
     tokenizer = load_tokenizer(str(init))
-    oracle = ScriptedLLM(tokenizer, oracle_policy(train))
+    flaws = replace(config.flaws, seed=seed)
+    teacher = ScriptedLLM(tokenizer, oracle_policy(train, flaws))
     sft_data = out / "oracle" / "trajectories.jsonl"
     sft_data.parent.mkdir(parents=True, exist_ok=True)
-    oracle_em = {}
+    teacher_summary: dict[str, Any] = {"flaws": asdict(flaws)}
     with sft_data.open("w", encoding="utf-8") as lines:
         for agent in AGENTS:
             episodes = start_episodes(agent, train, tokenizer, config.agent, templates)
-            trajectories = run_lockstep(episodes, oracle, index, SamplingParams())
+            trajectories = run_lockstep(episodes, teacher, index, SamplingParams())
             scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
-            oracle_em[agent] = sum(scores) / len(scores)
+            records = [{"prediction": t.answer, "trajectory": t.to_dict()} for t in trajectories]
+            teacher_summary[agent] = {"em": sum(scores) / len(scores), **behaviour(records)}
             lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+    # the ideal agent on the test questions: the copy probe's held-out name tokens
+    ideal = ScriptedLLM(tokenizer, oracle_policy(test))
+    episodes = start_episodes("memsearcher", test, tokenizer, config.agent, templates)
+    probe = [s for t in run_lockstep(episodes, ideal, index, SamplingParams()) for s in t.sequences]
+    name_ids = {tokenizer.encode(name)[0] for name in world.names}
     done()
 
     done = stage("SFT")
-    train_sft(sft_config(config, sft_data, init, out / "sft", seed))
+    train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
     sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
     losses = _metric(out / "sft", "train/loss")
     echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    copy_probe = {}
+    for name, path in (("warm-up", warm), ("sft", sft_model)):
+        correct, total = name_token_accuracy(_load(path), probe, name_ids)
+        copy_probe[name] = correct / max(total, 1)
+    copy_probe["name_tokens"] = total
+    echo(f"[demo] copy probe (held-out name tokens, teacher-forced): {copy_probe}")
     done()
 
     grpo_models = {}
@@ -184,6 +216,8 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
             summary = evaluate_questions(
                 loaded[path], agent, "test", test, index, templates, config, target
             )
+            records = read_predictions(target / "test" / "predictions.jsonl")
+            summary["behaviour"] = behaviour(records)
             evaluations[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
     # The same models on GRPO's own questions (held out from SFT, trained on by GRPO): what
@@ -203,7 +237,8 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
         "seed": seed,
         "config": asdict(config),
         "world": {"passages": len(world.passages), **{s: len(world.split(s)) for s in SPLITS}},
-        "oracle_em": oracle_em,
+        "teacher": teacher_summary,
+        "copy_probe": copy_probe,
         "evaluations": evaluations,
         "grpo_questions": grpo_questions,
         "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
@@ -252,6 +287,12 @@ def grpo_config(
         optim=OptimConfig(lr=config.grpo_lr),
         agent=config.agent,
     )
+
+
+def _load(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
 
 
 def _metric(run: Path, key: str) -> list[float]:

@@ -8,7 +8,14 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["format_grpo_questions", "format_results", "write_report"]
+__all__ = [
+    "format_behaviour",
+    "format_copy_probe",
+    "format_grpo_questions",
+    "format_results",
+    "format_teacher",
+    "write_report",
+]
 
 METHODS = ("untrained", "sft", "sft+grpo")
 
@@ -51,6 +58,48 @@ def format_grpo_questions(results: dict[str, Any]) -> str:
             for s in (own, test)
         ]
         lines.append(f"| {agent} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def format_teacher(results: dict[str, Any]) -> str:
+    """The SFT teacher's flaw settings and what its trajectories measure."""
+    teacher = results["teacher"]
+    rate = teacher["flaws"]["early_answer"]
+    measured = ", ".join(
+        f"{agent}: EM {t['em']:.3f}, early answers {t['early_answers']:.3f}"
+        for agent, t in teacher.items()
+        if agent != "flaws"
+    )
+    return (
+        f"SFT teacher: the oracle with a flaw; at each turn where a chain is read in part, it "
+        f"answers with the last entity read instead of searching on, with probability {rate}. "
+        f"On the training questions ({measured})."
+    )
+
+
+def format_copy_probe(results: dict[str, Any]) -> str:
+    """Teacher-forced accuracy on the name tokens of the ideal test trajectories."""
+    probe = results["copy_probe"]
+    return (
+        f"Copy probe (top-token accuracy on the {probe['name_tokens']} name tokens of the ideal "
+        f"agent's test trajectories, teacher-forced): {probe['warm-up']:.3f} after the copy "
+        f"warm-up, {probe['sft']:.3f} after SFT."
+    )
+
+
+def format_behaviour(results: dict[str, Any]) -> str:
+    """The behaviour metrics of the SFT and SFT+GRPO models, side by side."""
+    from memsearcher.demo.behaviour import BEHAVIOURS
+
+    agents = sorted({key.split("/")[1] for key in results["evaluations"]})
+    lines = ["| behaviour | " + " | ".join(agents) + " |", "|---" * (len(agents) + 1) + "|"]
+    for key, meaning in BEHAVIOURS.items():
+        cells = []
+        for agent in agents:
+            before = results["evaluations"][f"sft/{agent}"]["behaviour"][key]
+            after = results["evaluations"][f"sft+grpo/{agent}"]["behaviour"][key]
+            cells.append("-" if before != before else f"{before:.3f} -> {after:.3f}")  # NaN: -
+        lines.append(f"| {meaning} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -136,11 +185,11 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         "",
         f"World: {world['passages']} passages; {world['train']} SFT (train), {world['rl']} GRPO "
         f"(rl), {world['dev']} dev and {world['test']} test questions (1 to 3 hops; the rl, dev "
-        "and test questions start from entities no train question starts from). Oracle EM on "
-        "the training questions "
-        "with the real retriever: "
-        + ", ".join(f"{a} {em:.3f}" for a, em in results["oracle_em"].items())
-        + ".",
+        "and test questions start from entities no train question starts from).",
+        "",
+        format_teacher(results),
+        "",
+        format_copy_probe(results),
         "",
         f"Evaluated on {next(iter(results['evaluations'].values()))['questions']} held-out "
         "questions, greedy decoding.",
@@ -151,6 +200,10 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         "trained on by GRPO), next to the test questions:",
         "",
         format_grpo_questions(results),
+        "",
+        "What the agents did on the test questions (behaviour, SFT -> SFT + GRPO):",
+        "",
+        format_behaviour(results),
         "",
         *[f"![{p.stem}]({p.name})" for p in plots],
         "",
