@@ -4,13 +4,16 @@ docs/demo.md ("What we found") lists the runs made with this script and what the
 subcommand works in one folder, so a GRPO variant starts from an SFT run's model:
 
     python benchmarks/demo_ablation.py sft OUT --seed 0 [--vocab 2048] [--steps 600]
-        [--max-hops 3] [--world '{"people": 150, ...}'] [--test 200]
+        [--max-hops 3] [--world '{"people": 150, ...}'] [--test 200] [--heads 2]
+        [--warmup 600] [--early 0.5] [--names-as-text]
     python benchmarks/demo_ablation.py grpo OUT --model OUT/sft/step-600/model --name g1
         [--steps 16] [--save-every 8] [--test 200] [--set key=value ...]
     python benchmarks/demo_ablation.py eval OUT --model DIR --split rl [--agent memsearcher]
 
-``sft`` writes the world, index, a fresh tokenizer and model, the oracle trajectories (of the
-``train`` questions with at most --max-hops hops) and trains on them, then scores both agents.
+``sft`` writes the world, index, a fresh tokenizer and model (each entity one token unless
+--names-as-text), its copy warm-up, the teacher's trajectories (of the ``train`` questions with
+at most --max-hops hops, answering early at rate --early) and trains on them, then scores both
+agents; --warmup 0 --early 0 --names-as-text --heads 4 is the demo before issue 17.
 ``grpo`` trains on OUT/world/rl.jsonl with the demo's GRPO settings (overridable) and scores
 every saved step. Scores are greedy EM on the first --test questions of the split.
 """
@@ -28,8 +31,9 @@ import yaml
 from memsearcher.agent import Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
+from memsearcher.demo.copying import warm_up_copying
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
+from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import (
     AGENTS,
     PRESETS,
@@ -67,14 +71,18 @@ def run_sft(args: argparse.Namespace) -> None:
     index = build_bm25(paths["corpus"], out / "index", overwrite=True)
     (out / "templates.yaml").write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
     train = [e for e in read_examples(paths["train"]) if len(e.metadata["hops"]) <= args.max_hops]
-    size = replace(DEMO.model, vocab=args.vocab)
-    init = save_demo_model(out / "init", tokenizer_texts(world), size, args.seed)
+    size = replace(DEMO.model, vocab=args.vocab, heads=args.heads)
+    names = () if args.names_as_text else world.names
+    init = save_demo_model(out / "init", tokenizer_texts(world), size, args.seed, names)
+    if args.warmup:
+        warm_up_copying(init, world.names, args.warmup, args.seed)
     tokenizer = load_tokenizer(str(init))
+    flaws = TeacherFlaws(early_answer=args.early, seed=args.seed)
     with (out / "oracle.jsonl").open("w", encoding="utf-8") as lines:
         for agent in AGENTS:
             episodes = start_episodes(agent, train, tokenizer, DEMO.agent,
                                       Templates(**DEMO_TEMPLATES))  # fmt: skip
-            oracle = ScriptedLLM(tokenizer, oracle_policy(train))
+            oracle = ScriptedLLM(tokenizer, oracle_policy(train, flaws))
             for t in run_lockstep(episodes, oracle, index, SamplingParams()):
                 lines.write(json.dumps(t.to_dict()) + "\n")
     steps = replace(DEMO, sft_steps=args.steps)
@@ -112,6 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     sft.add_argument("--max-hops", type=int, default=3, help="SFT on questions up to N hops")
     sft.add_argument("--world", default="{}", help="WorldConfig fields as JSON")
     sft.add_argument("--test", type=int, default=DEMO.test_questions)
+    sft.add_argument("--heads", type=int, default=DEMO.model.heads)
+    sft.add_argument("--warmup", type=int, default=DEMO.copy_warmup_steps, help="copy warm-up")
+    sft.add_argument("--early", type=float, default=DEMO.flaws.early_answer,
+                     help="the teacher's early-answer rate")  # fmt: skip
+    sft.add_argument("--names-as-text", action="store_true", help="names as plain BPE text")
     sft.set_defaults(func=run_sft)
     grpo = commands.add_parser("grpo", help="GRPO from a model on OUT's rl questions, scores")
     grpo.add_argument("out")

@@ -24,6 +24,7 @@ from memsearcher.data.synthetic import (
     SPLITS,
     WorldConfig,
     generate_world,
+    rename_world,
     write_world,
 )
 from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
@@ -47,6 +48,46 @@ def test_the_same_seed_gives_the_same_world_byte_for_byte(tmp_path: Path) -> Non
     for name in ("corpus", *SPLITS):
         assert first[name].read_bytes() == second[name].read_bytes(), name
         assert first[name].read_bytes() != other[name].read_bytes(), name
+
+
+def test_a_renamed_world_is_the_same_for_a_seed_and_moves_every_name_within_its_kind(
+    tmp_path: Path,
+) -> None:
+    world = generate_world(DEMO.world)
+    first, again, other = (rename_world(world, k) for k in (3, 3, 4))
+    files = [write_world(w, tmp_path / name) for w, name in ((first, "a"), (again, "b"),
+                                                           (other, "c"))]  # fmt: skip
+    for name in ("corpus", *SPLITS):
+        assert files[0][name].read_bytes() == files[1][name].read_bytes(), name
+        assert files[0][name].read_bytes() != files[2][name].read_bytes(), name
+    for kind, names in world.entities.items():  # a permutation of each kind
+        assert sorted(first.entities[kind]) == sorted(names), kind
+    assert first.names == world.names
+    moved = sum(a != b for a, b in zip(world.entities["person"], first.entities["person"],
+                                       strict=True))  # fmt: skip
+    assert moved > 0.9 * len(world.entities["person"])
+    pairs = first.entities["person"]  # near-namesakes stay pairs: same first name
+    assert all(pairs[i].split()[0] == pairs[i + 1].split()[0] for i in range(0, len(pairs), 2))
+    # same shapes: question k asks the same relations, with its names swapped
+    for q, r in zip(world.questions, first.questions, strict=True):
+        assert [h.relation for h in q.hops] == [h.relation for h in r.hops]
+        assert q.split == r.split and r.hops[-1].target == r.answer
+    facts = {h.fact for q in world.questions for h in q.hops}
+    renamed = {h.fact for q in first.questions for h in q.hops}
+    assert len(facts & renamed) < 0.05 * len(facts)  # almost no name keeps its facts
+
+
+def test_the_oracle_answers_every_renamed_question_with_its_own_index(tmp_path: Path) -> None:
+    renamed = rename_world(generate_world(DEMO.world), 0)
+    paths = write_world(renamed, tmp_path / "world")
+    index = build_bm25(paths["corpus"], tmp_path / "index")
+    tokenizer = HFTokenizer(build_tokenizer(tokenizer_texts(renamed), 512, renamed.names))
+    examples = read_examples(paths["train"])
+    episodes = start_episodes("memsearcher", examples, tokenizer, DEMO.agent,
+                              Templates(**DEMO_TEMPLATES))  # fmt: skip
+    oracle = ScriptedLLM(tokenizer, oracle_policy(examples))
+    trajectories = run_lockstep(episodes, oracle, index, SamplingParams())
+    assert all(exact_match(t.answer or "", t.example.golden_answers) == 1 for t in trajectories)
 
 
 def test_questions_do_not_leak_answers_and_splits_do_not_share_start_entities() -> None:
@@ -234,6 +275,8 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     for agent in ("memsearcher", "react"):  # the flaw costs the teacher its early answers
         assert teacher[agent]["early_answers"] > 0 and teacher[agent]["em"] < 1.0
     assert set(results["copy_probe"]) == {"warm-up", "sft", "name_tokens"}
+    assert teacher["worlds"] == PRESETS["quick"].sft_worlds
+    assert sorted(p.name for p in (out / "oracle").glob("world-*")) == ["world-0", "world-1"]
     assert results["evaluations"]["sft/memsearcher"]["behaviour"].keys() == BEHAVIOURS.keys()
     assert set(results["grpo_questions"]) == {
         f"{m}/{a}" for m in ("sft", "sft+grpo") for a in ("memsearcher", "react")

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
@@ -34,6 +35,7 @@ __all__ = [
     "World",
     "WorldConfig",
     "generate_world",
+    "rename_world",
     "write_world",
 ]
 
@@ -210,8 +212,14 @@ class World:
     config: WorldConfig
     passages: tuple[tuple[str, str], ...]
     questions: tuple[Question, ...]
-    names: tuple[str, ...] = ()
-    """Every entity's full name (people, cities, countries, organizations, works), sorted."""
+    entities: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Every entity's full name by kind: person (near-namesakes side by side), city, country,
+    org, work."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every entity's name, sorted."""
+        return tuple(sorted(name for names in self.entities.values() for name in names))
 
     def split(self, name: str) -> list[Question]:
         return [q for q in self.questions if q.split == name]
@@ -275,8 +283,41 @@ def generate_world(config: WorldConfig = WorldConfig()) -> World:
     passages = _passages(rng, facts, countries, cities, orgs, people, works)
     starts = {"person": people, "work": works, "org": orgs, "city": cities}
     questions = _questions(rng, config, facts, starts)
-    entity_names = sorted({*people, *cities, *countries, *orgs, *works})
-    return World(config, tuple(passages), tuple(questions), tuple(entity_names))
+    entities = {"person": people, "city": cities, "country": countries, "org": orgs, "work": works}
+    return World(
+        config, tuple(passages), tuple(questions), {k: tuple(v) for k, v in entities.items()}
+    )
+
+
+def rename_world(world: World, seed: int) -> World:
+    """The same world with its names shuffled within each kind (near-namesake pairs move as
+    pairs): every passage, question and fact keeps its shape, and no name keeps its facts. SFT
+    on renamed copies cannot be learned by remembering which name goes with which fact."""
+    rng = random.Random(f"rename|{world.config.seed}|{seed}")
+    mapping: dict[str, str] = {}
+    for kind, names in world.entities.items():
+        group = 2 if kind == "person" else 1
+        units = [names[i : i + group] for i in range(0, len(names), group)]
+        shuffled = rng.sample(units, len(units))
+        for old, new in zip(units, shuffled, strict=True):
+            mapping.update(zip(old, new, strict=True))
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True)))
+
+    def swap(text: str) -> str:
+        return pattern.sub(lambda match: mapping[match.group(0)], text)
+
+    passages = tuple((swap(title), swap(text)) for title, text in world.passages)
+    questions = tuple(
+        replace(
+            q,
+            question=swap(q.question),
+            answer=swap(q.answer),
+            hops=tuple(Hop(swap(h.entity), h.relation, swap(h.target)) for h in q.hops),
+        )
+        for q in world.questions
+    )
+    entities = {kind: tuple(mapping[n] for n in names) for kind, names in world.entities.items()}
+    return World(world.config, passages, questions, entities)
 
 
 def _titles(rng: random.Random, count: int) -> list[str]:

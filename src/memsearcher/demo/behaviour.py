@@ -16,7 +16,7 @@ from memsearcher.data.synthetic import hops_of
 __all__ = ["BEHAVIOURS", "behaviour"]
 
 BEHAVIOURS = {
-    "early_answers": "answered before searching every entity of the chain",
+    "early_answers": "answers given after fewer searches than the chain has hops",
     "first_query_copied": "first query is exactly the question's entity",
     "searches_per_hop": "searches made per hop of the chain",
     "memory_complete": "memories that keep every chain fact read so far (MemSearcher)",
@@ -24,9 +24,10 @@ BEHAVIOURS = {
 """The behaviour metrics, by key, with what each one counts."""
 
 
-def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float | None]:
     """The `BEHAVIOURS` over evaluation records (``predictions.jsonl`` rows, which carry the
-    trajectory and the question's hop chain)."""
+    trajectory and the question's hop chain); ``memory_complete`` is None for an agent without
+    a memory."""
     answered = early = copied = searches = hops_total = kept = memories = questions = 0
     for record in records:
         trajectory = record["trajectory"]
@@ -39,7 +40,7 @@ def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float]:
         copied += bool(queries) and queries[0] == hops[0].entity
         if record.get("prediction") is not None:
             answered += 1
-            early += not all(hop.entity in queries for hop in hops)
+            early += len(queries) < len(hops)
         evidence = ""
         for turn in turns:
             evidence += " ".join(hit["text"] for hit in turn.get("hits", ()))
@@ -52,5 +53,5 @@ def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float]:
         "early_answers": early / max(answered, 1),
         "first_query_copied": copied / max(questions, 1),
         "searches_per_hop": searches / max(hops_total, 1),
-        "memory_complete": kept / max(memories, 1) if memories else float("nan"),
+        "memory_complete": kept / memories if memories else None,
     }

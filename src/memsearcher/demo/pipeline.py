@@ -8,7 +8,8 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
     OUT/templates.yaml  the demo's short prompts
     OUT/models/init     tokenizer trained here + a randomly initialized Llama
     OUT/models/copy     the same model after its copy warm-up (where SFT starts)
-    OUT/oracle/         the imperfect teacher's trajectories of both agents (the SFT data)
+    OUT/oracle/         the imperfect teacher's trajectories of both agents (the SFT data), on
+                        renamed copies of the world (world-K/), each with its own index
     OUT/sft/            SFT run (metrics.jsonl, step-N/model)
     OUT/grpo-<agent>/   GRPO run per agent
     OUT/eval/<method>-<agent>/  predictions and summary on the test (and rl) questions
@@ -29,7 +30,13 @@ import yaml
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
-from memsearcher.data.synthetic import SPLITS, WorldConfig, generate_world, write_world
+from memsearcher.data.synthetic import (
+    SPLITS,
+    WorldConfig,
+    generate_world,
+    rename_world,
+    write_world,
+)
 from memsearcher.demo.behaviour import behaviour
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
@@ -70,6 +77,9 @@ class DemoConfig:
     """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT."""
     flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
     """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
+    sft_worlds: int = 6
+    """Renamed copies of the world (`rename_world`) whose train questions the teacher answers
+    for SFT."""
     agent: AgentConfig = field(
         default_factory=lambda: AgentConfig(
             max_turns=5, memory_tokens=64, max_new_tokens=64, top_n=3
@@ -104,6 +114,7 @@ PRESETS: dict[str, DemoConfig] = {
         world=WorldConfig(people=16, cities=8, countries=4, orgs=6, works=20),
         model=ModelSize(vocab=768, hidden=64, layers=2),
         copy_warmup_steps=20,
+        sft_worlds=2,
         sft_steps=40,
         grpo_steps=2,
         grpo_questions_per_step=8,
@@ -139,7 +150,6 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     templates_file = out / "templates.yaml"
     templates_file.write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
     templates = Templates(**DEMO_TEMPLATES)
-    train = read_examples(paths["train"])
     test = read_examples(paths["test"])[: config.test_questions]
     rl = read_examples(paths["rl"])[: config.test_questions]
     done()
@@ -161,18 +171,29 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done = stage("teacher trajectories")
     tokenizer = load_tokenizer(str(init))
     flaws = replace(config.flaws, seed=seed)
-    teacher = ScriptedLLM(tokenizer, oracle_policy(train, flaws))
     sft_data = out / "oracle" / "trajectories.jsonl"
     sft_data.parent.mkdir(parents=True, exist_ok=True)
-    teacher_summary: dict[str, Any] = {"flaws": asdict(flaws)}
+    teacher_summary: dict[str, Any] = {"flaws": asdict(flaws), "worlds": config.sft_worlds}
+    runs: dict[str, list[Any]] = {agent: [] for agent in AGENTS}
     with sft_data.open("w", encoding="utf-8") as lines:
-        for agent in AGENTS:
-            episodes = start_episodes(agent, train, tokenizer, config.agent, templates)
-            trajectories = run_lockstep(episodes, teacher, index, SamplingParams())
-            scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
-            records = [{"prediction": t.answer, "trajectory": t.to_dict()} for t in trajectories]
-            teacher_summary[agent] = {"em": sum(scores) / len(scores), **behaviour(records)}
-            lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+        for copy in range(config.sft_worlds):
+            # SFT reads renamed copies of the world, never the world itself: no fact of the
+            # world evaluated on is ever trained on, and a name can only be copied, not recalled
+            renamed = rename_world(world, copy)
+            where = out / "oracle" / f"world-{copy}"
+            files = write_world(renamed, where / "world")
+            copy_index = build_bm25(files["corpus"], where / "index", overwrite=True)
+            questions = read_examples(files["train"])
+            teacher = ScriptedLLM(tokenizer, oracle_policy(questions, flaws))
+            for agent in AGENTS:
+                episodes = start_episodes(agent, questions, tokenizer, config.agent, templates)
+                trajectories = run_lockstep(episodes, teacher, copy_index, SamplingParams())
+                runs[agent] += trajectories
+                lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+    for agent, trajectories in runs.items():
+        scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
+        records = [{"prediction": t.answer, "trajectory": t.to_dict()} for t in trajectories]
+        teacher_summary[agent] = {"em": sum(scores) / len(scores), **behaviour(records)}
     # the ideal agent on the test questions: the copy probe's held-out name tokens
     ideal = ScriptedLLM(tokenizer, oracle_policy(test))
     episodes = start_episodes("memsearcher", test, tokenizer, config.agent, templates)

@@ -98,7 +98,7 @@ def format_behaviour(results: dict[str, Any]) -> str:
         for agent in agents:
             before = results["evaluations"][f"sft/{agent}"]["behaviour"][key]
             after = results["evaluations"][f"sft+grpo/{agent}"]["behaviour"][key]
-            cells.append("-" if before != before else f"{before:.3f} -> {after:.3f}")  # NaN: -
+            cells.append("-" if before is None else f"{before:.3f} -> {after:.3f}")
         lines.append(f"| {meaning} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,0 +1,96 @@
+"""The copy probe: the demo model, trained here, copies names into the protocol's slots.
+
+Real parts: the demo's world (seed 0, full size), its tokenizer and from-scratch Llama, the
+copy warm-up, the real agents driving the teacher through `ScriptedLLM` with the real BM25
+index, and the project's SFT trainer. The thresholds are stated in docs/demo.md ("Copy probe").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memsearcher.agent import Templates, run_lockstep, start_episodes
+from memsearcher.data.flashrag import read_examples
+from memsearcher.data.synthetic import generate_world, rename_world, write_world
+from memsearcher.demo.copying import copy_sequences, name_token_accuracy, warm_up_copying
+from memsearcher.demo.model import save_demo_model
+from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
+from memsearcher.demo.pipeline import PRESETS, sft_config
+from memsearcher.llm import load_tokenizer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval.bm25 import build_bm25
+from memsearcher.rl.train_sft import train_sft
+from memsearcher.types import TokenSequence
+
+DEMO = PRESETS["full"]
+SFT_STEPS = 150
+"""A quarter of the demo's SFT: enough to show copying into the protocol's slots in CI."""
+WARM_UP_THRESHOLD = 0.9
+"""Top-token accuracy on the names of fresh copy sequences after the warm-up."""
+SFT_THRESHOLD = 0.5
+"""Teacher-forced top-token accuracy on the name tokens of the ideal agent's test trajectories
+after ``SFT_STEPS`` updates (the full demo's 600 reach more: docs/demo.md)."""
+
+
+def _model(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def _copy_probe(tokenizer: Any, names: tuple[str, ...], model: Any) -> float:
+    name_ids = {tokenizer.encode(name)[0] for name in names}
+    rows = copy_sequences(tokenizer.hf, names, 100, seed=99)  # not the warm-up's sequences
+    sequences = [
+        TokenSequence(
+            tuple(ids[: mask.index(1)]), tuple(ids[mask.index(1) :]), tuple(mask[mask.index(1) :])
+        )  # fmt: skip
+        for ids, mask in rows
+    ]
+    correct, total = name_token_accuracy(model, sequences, name_ids)
+    return correct / total
+
+
+@pytest.mark.slow
+def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(tmp_path: Path) -> None:
+    """The untrained model copies nothing; after the warm-up it repeats listed names; after a
+    short SFT on the imperfect teacher's data it writes the names of test questions (entities
+    no SFT question starts from) into queries, memories and answers, teacher-forced."""
+    world = generate_world(DEMO.world)
+    paths = write_world(world, tmp_path / "world")
+    index = build_bm25(paths["corpus"], tmp_path / "index")
+    model = save_demo_model(tmp_path / "model", tokenizer_texts(world), DEMO.model, 0, world.names)
+    tokenizer = load_tokenizer(str(model))
+    assert _copy_probe(tokenizer, world.names, _model(model)) < 0.05
+
+    warm_up_copying(model, world.names, DEMO.copy_warmup_steps, seed=0)
+    assert _copy_probe(tokenizer, world.names, _model(model)) > WARM_UP_THRESHOLD
+
+    templates = Templates(**DEMO_TEMPLATES)
+    data = tmp_path / "teacher.jsonl"
+    with data.open("w", encoding="utf-8") as lines:
+        for copy in range(2):  # as the demo: the teacher on renamed copies of the world
+            files = write_world(rename_world(world, copy), tmp_path / f"copy-{copy}")
+            train = read_examples(files["train"])
+            teacher = ScriptedLLM(tokenizer, oracle_policy(train, replace(DEMO.flaws, seed=0)))
+            episodes = start_episodes("memsearcher", train, tokenizer, DEMO.agent, templates)
+            copy_index = build_bm25(files["corpus"], tmp_path / f"copy-{copy}" / "index")
+            for t in run_lockstep(episodes, teacher, copy_index, SamplingParams()):
+                lines.write(json.dumps(t.to_dict()) + "\n")
+    train_sft(sft_config(replace(DEMO, sft_steps=SFT_STEPS), data, model, tmp_path / "sft", 0))
+
+    test = read_examples(paths["test"])
+    ideal = ScriptedLLM(tokenizer, oracle_policy(test))
+    episodes = start_episodes("memsearcher", test, tokenizer, DEMO.agent, templates)
+    probe = [s for t in run_lockstep(episodes, ideal, index, SamplingParams()) for s in t.sequences]
+    name_ids = {tokenizer.encode(name)[0] for name in world.names}
+    trained = _model(tmp_path / "sft" / f"step-{SFT_STEPS}" / "model")
+    correct, total = name_token_accuracy(trained, probe, name_ids)
+    assert total > 1000
+    assert correct / total > SFT_THRESHOLD
