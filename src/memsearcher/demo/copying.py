@@ -4,8 +4,9 @@ A model trained from nothing must learn to write a name it has only read (the qu
 entity into the first query, a passage's answer into the next query and the memory). Measured
 in docs/demo.md: without help a 1M-parameter model learns which kind of name goes where, not
 which one, within the demo's budget. The warm-up trains the copy behaviour directly, on chat
-turns whose reply repeats the names of the user message, before any protocol data; the probe
-is the teacher-forced accuracy on name tokens of held-out trajectories.
+turns whose reply repeats the names of the user message or names a question's entity, before
+any protocol data; the probe is the teacher-forced accuracy on name tokens of held-out
+trajectories.
 """
 
 from __future__ import annotations
@@ -23,22 +24,31 @@ __all__ = ["copy_sequences", "name_token_accuracy", "warm_up_copying"]
 
 
 def copy_sequences(
-    tokenizer: Any, names: Sequence[str], count: int, seed: int, longest: int = 3
+    tokenizer: Any,
+    names: Sequence[str],
+    count: int,
+    seed: int,
+    longest: int = 3,
+    questions: Sequence[tuple[str, str]] = (),
 ) -> list[tuple[list[int], list[int]]]:
-    """``count`` chat turns (ids, loss mask): the user lists 1 to ``longest`` names drawn from
-    ``names``, the assistant repeats them in order; the loss covers the reply."""
+    """``count`` chat turns (ids, loss mask) whose reply copies names from the user message;
+    the loss covers the reply. Either the user lists 1 to ``longest`` names drawn from ``names``
+    and the reply repeats them in order, or (half the turns, when ``questions`` are given) the
+    user shows one of the (question, its entity) pairs and the reply is the entity."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
-        listed = " ".join(rng.choices(names, k=rng.randint(1, longest)))
+        if questions and rng.random() < 0.5:
+            question, entity = rng.choice(questions)
+            message, reply = f"Name in: {question}", entity
+        else:
+            listed = " ".join(rng.choices(names, k=rng.randint(1, longest)))
+            message, reply = f"Repeat: {listed}", listed
         prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Repeat: {listed}"}],
-            tokenize=False,
-            add_generation_prompt=True,
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
-        reply = f"{listed}<|im_end|>\n"
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+        reply_ids = tokenizer.encode(f"{reply}<|im_end|>\n", add_special_tokens=False)
         out.append((prompt_ids + reply_ids, [0] * len(prompt_ids) + [1] * len(reply_ids)))
     return out
 
@@ -50,9 +60,10 @@ def warm_up_copying(
     seed: int,
     batch: int = 32,
     lr: float = 1e-3,
+    questions: Sequence[tuple[str, str]] = (),
 ) -> list[float]:
     """Train the model saved in ``folder`` for ``steps`` updates on `copy_sequences` of
-    ``names`` and save it back; returns the loss of each update."""
+    ``names`` (and ``questions``) and save it back; returns the loss of each update."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -60,7 +71,7 @@ def warm_up_copying(
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    data = copy_sequences(tokenizer, names, steps * batch, seed)
+    data = copy_sequences(tokenizer, names, steps * batch, seed, questions=questions)
     losses = []
     for step in range(steps):
         rows = data[step * batch : (step + 1) * batch]

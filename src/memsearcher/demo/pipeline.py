@@ -73,7 +73,7 @@ class DemoConfig:
     """The synthetic world (its seed is replaced by the run's seed)."""
     model: ModelSize = field(default_factory=ModelSize)
     """The from-scratch model."""
-    copy_warmup_steps: int = 600
+    copy_warmup_steps: int = 800
     """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT."""
     flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
     """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
@@ -163,7 +163,11 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done = stage("copy warm-up")
     warm = out / "models" / "copy"
     shutil.copytree(init, warm, dirs_exist_ok=True)
-    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed)
+    # the questions of the renamed copies SFT will read (never the world's own), with their
+    # entity: copying a name out of a question is the first thing every episode does
+    renamed = [rename_world(world, copy) for copy in range(config.sft_worlds)]
+    entities = [(q.question, q.hops[0].entity) for w in renamed for q in w.split("train")]
+    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed, questions=entities)
     if losses:
         echo(f"[demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     done()
@@ -176,12 +180,11 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     teacher_summary: dict[str, Any] = {"flaws": asdict(flaws), "worlds": config.sft_worlds}
     runs: dict[str, list[Any]] = {agent: [] for agent in AGENTS}
     with sft_data.open("w", encoding="utf-8") as lines:
-        for copy in range(config.sft_worlds):
+        for copy, copy_world in enumerate(renamed):
             # SFT reads renamed copies of the world, never the world itself: no fact of the
             # world evaluated on is ever trained on, and a name can only be copied, not recalled
-            renamed = rename_world(world, copy)
             where = out / "oracle" / f"world-{copy}"
-            files = write_world(renamed, where / "world")
+            files = write_world(copy_world, where / "world")
             copy_index = build_bm25(files["corpus"], where / "index", overwrite=True)
             questions = read_examples(files["train"])
             teacher = ScriptedLLM(tokenizer, oracle_policy(questions, flaws))

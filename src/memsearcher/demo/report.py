@@ -68,12 +68,12 @@ def format_teacher(results: dict[str, Any]) -> str:
     measured = ", ".join(
         f"{agent}: EM {t['em']:.3f}, early answers {t['early_answers']:.3f}"
         for agent, t in teacher.items()
-        if agent != "flaws"
+        if agent not in ("flaws", "worlds")
     )
     return (
         f"SFT teacher: the oracle with a flaw; at each turn where a chain is read in part, it "
         f"answers with the last entity read instead of searching on, with probability {rate}. "
-        f"On the training questions ({measured})."
+        f"On the train questions of {teacher['worlds']} renamed copies of the world: {measured}."
     )
 
 
