@@ -13,7 +13,8 @@ subcommand works in one folder, so a GRPO variant starts from an SFT run's model
 ``sft`` writes the world, index, a fresh tokenizer and model (each entity one token unless
 --names-as-text), its copy warm-up, the teacher's trajectories (of the ``train`` questions with
 at most --max-hops hops, answering early at rate --early) and trains on them, then scores both
-agents; --warmup 0 --early 0 --names-as-text --heads 4 is the demo before issue 17.
+agents; --warmup 0 --early 0 --names-as-text is the demo before issue 17. It trains on the
+world's own ``train`` questions; the demo itself now trains on renamed copies (docs/demo.md).
 ``grpo`` trains on OUT/world/rl.jsonl with the demo's GRPO settings (overridable) and scores
 every saved step. Scores are greedy EM on the first --test questions of the split.
 """

@@ -19,7 +19,8 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
         "demo",
         help="train and evaluate MemSearcher against ReAct on a synthetic world (offline, CPU)",
         description="Generate a synthetic multi-hop world and its BM25 index, train a small "
-        "model from scratch (SFT on oracle trajectories, then multi-context GRPO), evaluate "
+        "model from scratch (a copy warm-up, SFT on an imperfect teacher's trajectories on renamed "
+        "copies of the world, then multi-context GRPO), evaluate "
         "untrained / SFT / SFT+GRPO for MemSearcher and ReAct on held-out questions, and "
         "write a markdown report with plots.",
     )
