@@ -86,7 +86,7 @@ class DemoConfig:
         )
     )
     """Turn budget, memory cap and passages per search, for training and evaluation alike."""
-    sft_steps: int = 600
+    sft_steps: int = 900
     """SFT updates on the oracle trajectories of both agents."""
     sft_sequences_per_step: int = 32
     """Turn sequences per SFT update."""
