@@ -28,6 +28,7 @@ from memsearcher.data.synthetic import (
     write_world,
 )
 from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
+from memsearcher.demo.copying import copy_sequences, fact_lookups
 from memsearcher.demo.model import build_tokenizer
 from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
@@ -154,6 +155,50 @@ def test_every_name_is_one_token_wherever_it_stands(world_files: dict[str, Any])
         for context in (f"in {name}.", f'{{"query": "{name}"}}', f"<memory> {name} was"):
             assert token in tokenizer.encode(context), (name, context)
             assert tokenizer.decode(tokenizer.encode(context)) == context
+
+
+def test_fact_lookups_ask_for_a_fact_among_sentences_about_its_neighbours(
+    world_files: dict[str, Any],
+) -> None:
+    """Each lookup shows the passages the agent would read for a hop's entity and the start of
+    the hop's fact; the reply is the fact, read from those passages. In most of them another
+    name of the object's kind stands in the passages too, so copying the nearest name of the
+    right kind is not enough."""
+    world = world_files["world"]
+    lookups = fact_lookups(world, world_files["index"], DEMO.agent.top_n)
+    facts = {hop.fact: hop for q in world.split("train") for hop in q.hops}
+    assert len(lookups) > 200
+    kind_of = {name: kind for kind, names in world.entities.items() for name in names}
+    with_distractor = 0
+    for message, reply in lookups:
+        hop = facts[reply]
+        passages, start = message.removeprefix("Fact in:\n").rsplit("\n", 1)
+        assert passages.startswith("Doc 1 (Title: ") and reply in passages
+        assert reply == f"{start} {hop.target}." and hop.target not in start
+        kind = kind_of[hop.target]
+        others = {n for n in world.entities[kind] if n != hop.target and n in passages}
+        with_distractor += bool(others)
+    assert with_distractor / len(lookups) > 0.5
+
+
+def test_copy_sequences_draw_each_kind_with_equal_chance(world_files: dict[str, Any]) -> None:
+    """Name lists and each lookup kind, a third each within three binomial sd; every reply is
+    the one its message asks for, and only the reply is trained."""
+    tokenizer = world_files["tokenizer"].hf
+    lookups = [[("Name in: A question?", "Reply one")], [("Fact in: passages", "Reply two")]]
+    rows = copy_sequences(tokenizer, world_files["world"].names, 1500, seed=5, lookups=lookups)
+    kinds = {"Reply one": 0, "Reply two": 0, "Repeat": 0}
+    for ids, mask in rows:
+        start = mask.index(1)
+        assert set(mask[start:]) == {1} and set(mask[:start]) == {0}
+        prompt, reply = tokenizer.decode(ids[:start]), tokenizer.decode(ids[start:])
+        if "Repeat: " in prompt:
+            kinds["Repeat"] += 1
+            assert prompt.split("Repeat: ")[1].startswith(reply.removesuffix("<|im_end|>\n"))
+        else:
+            kinds[reply.removesuffix("<|im_end|>\n")] += 1
+    for count in kinds.values():
+        assert abs(count / len(rows) - 1 / 3) < 3 * (2 / 9 / len(rows)) ** 0.5, kinds
 
 
 def _teacher_runs(

@@ -17,7 +17,12 @@ import pytest
 from memsearcher.agent import Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, rename_world, write_world
-from memsearcher.demo.copying import copy_sequences, name_token_accuracy, warm_up_copying
+from memsearcher.demo.copying import (
+    copy_sequences,
+    name_token_accuracy,
+    question_lookups,
+    warm_up_copying,
+)
 from memsearcher.demo.model import save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS, sft_config
@@ -72,8 +77,8 @@ def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(tmp_path: Pa
     assert _copy_probe(tokenizer, world.names, _model(model)) < 0.05
 
     renamed = [rename_world(world, copy) for copy in range(2)]  # as the demo, with fewer copies
-    entities = [(q.question, q.hops[0].entity) for w in renamed for q in w.split("train")]
-    warm_up_copying(model, world.names, DEMO.copy_warmup_steps, seed=0, questions=entities)
+    lookups = [question_lookups(renamed)]
+    warm_up_copying(model, world.names, DEMO.copy_warmup_steps, seed=0, lookups=lookups)
     assert _copy_probe(tokenizer, world.names, _model(model)) > WARM_UP_THRESHOLD
 
     templates = Templates(**DEMO_TEMPLATES)

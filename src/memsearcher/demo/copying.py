@@ -4,9 +4,9 @@ A model trained from nothing must learn to write a name it has only read (the qu
 entity into the first query, a passage's answer into the next query and the memory). Measured
 in docs/demo.md: without help a 1M-parameter model learns which kind of name goes where, not
 which one, within the demo's budget. The warm-up trains the copy behaviour directly, on chat
-turns whose reply repeats the names of the user message or names a question's entity, before
-any protocol data; the probe is the teacher-forced accuracy on name tokens of held-out
-trajectories.
+turns whose reply repeats the names of the user message or names a question's entity (and,
+optionally, copies a hop's fact out of retrieved passages), before any protocol data; the probe
+is the teacher-forced accuracy on name tokens of held-out trajectories.
 """
 
 from __future__ import annotations
@@ -18,9 +18,17 @@ from typing import Any
 
 import torch
 
+from memsearcher.data.synthetic import World
+from memsearcher.retrieval import format_hits
 from memsearcher.types import TokenSequence
 
-__all__ = ["copy_sequences", "name_token_accuracy", "warm_up_copying"]
+__all__ = [
+    "copy_sequences",
+    "fact_lookups",
+    "name_token_accuracy",
+    "question_lookups",
+    "warm_up_copying",
+]
 
 
 def copy_sequences(
@@ -29,18 +37,18 @@ def copy_sequences(
     count: int,
     seed: int,
     longest: int = 3,
-    questions: Sequence[tuple[str, str]] = (),
+    lookups: Sequence[Sequence[tuple[str, str]]] = (),
 ) -> list[tuple[list[int], list[int]]]:
     """``count`` chat turns (ids, loss mask) whose reply copies names from the user message;
-    the loss covers the reply. Either the user lists 1 to ``longest`` names drawn from ``names``
-    and the reply repeats them in order, or (half the turns, when ``questions`` are given) the
-    user shows one of the (question, its entity) pairs and the reply is the entity."""
+    the loss covers the reply. Each turn is, with equal chance, a list of 1 to ``longest`` of
+    ``names`` that the reply repeats in order, or a (message, reply) pair of one of the
+    ``lookups`` kinds (`question_lookups`, `fact_lookups`)."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
-        if questions and rng.random() < 0.5:
-            question, entity = rng.choice(questions)
-            message, reply = f"Name in: {question}", entity
+        kind = int(rng.random() * (1 + len(lookups))) if lookups else 0
+        if kind < len(lookups):
+            message, reply = rng.choice(lookups[kind])
         else:
             listed = " ".join(rng.choices(names, k=rng.randint(1, longest)))
             message, reply = f"Repeat: {listed}", listed
@@ -53,6 +61,28 @@ def copy_sequences(
     return out
 
 
+def question_lookups(worlds: Sequence[World]) -> list[tuple[str, str]]:
+    """A train question of ``worlds`` and its entity: copying a name out of a question is the
+    first thing every episode does."""
+    return [(f"Name in: {q.question}", q.hops[0].entity) for w in worlds for q in w.split("train")]
+
+
+def fact_lookups(world: World, index: Any, top_n: int) -> list[tuple[str, str]]:
+    """For every hop of ``world``'s train questions, the passages ``index`` returns for the
+    hop's entity (as the agent reads them) and the start of the hop's fact sentence; the reply
+    is the whole sentence. The passages hold other sentences about the same entity and its
+    neighbours (its employees' birthplaces, its author's other works), so the object must be
+    found by the subject and the relation, as a memory update must find it."""
+    hops = {hop for q in world.split("train") for hop in q.hops}
+    lookups = []
+    for hop in sorted(hops, key=lambda h: (h.entity, h.relation)):
+        passages = format_hits(index.search([hop.entity], top_n)[0])
+        if hop.fact in passages:
+            start = hop.fact[: hop.fact.rindex(hop.target)].rstrip()
+            lookups.append((f"Fact in:\n{passages}\n{start}", hop.fact))
+    return lookups
+
+
 def warm_up_copying(
     folder: str | Path,
     names: Sequence[str],
@@ -60,10 +90,10 @@ def warm_up_copying(
     seed: int,
     batch: int = 32,
     lr: float = 1e-3,
-    questions: Sequence[tuple[str, str]] = (),
+    lookups: Sequence[Sequence[tuple[str, str]]] = (),
 ) -> list[float]:
     """Train the model saved in ``folder`` for ``steps`` updates on `copy_sequences` of
-    ``names`` (and ``questions``) and save it back; returns the loss of each update."""
+    ``names`` and ``lookups`` and save it back; returns the loss of each update."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -71,7 +101,7 @@ def warm_up_copying(
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    data = copy_sequences(tokenizer, names, steps * batch, seed, questions=questions)
+    data = copy_sequences(tokenizer, names, steps * batch, seed, lookups=lookups)
     losses = []
     for step in range(steps):
         rows = data[step * batch : (step + 1) * batch]

@@ -38,7 +38,12 @@ from memsearcher.data.synthetic import (
     write_world,
 )
 from memsearcher.demo.behaviour import behaviour
-from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
+from memsearcher.demo.copying import (
+    fact_lookups,
+    name_token_accuracy,
+    question_lookups,
+    warm_up_copying,
+)
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.eval.metrics import exact_match
@@ -75,6 +80,10 @@ class DemoConfig:
     """The from-scratch model."""
     copy_warmup_steps: int = 800
     """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT."""
+    fact_warmup: bool = False
+    """Whether a third of the warm-up copies a fact sentence out of retrieved passages
+    (`fact_lookups`), the copy every memory update makes. Off: measured in docs/demo.md, it
+    did not make MemSearcher >= ReAct in both seeds, and it makes the warm-up 5x slower."""
     flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
     """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
     sft_worlds: int = 6
@@ -114,6 +123,7 @@ PRESETS: dict[str, DemoConfig] = {
         world=WorldConfig(people=16, cities=8, countries=4, orgs=6, works=20),
         model=ModelSize(vocab=768, hidden=64, layers=2),
         copy_warmup_steps=20,
+        fact_warmup=True,
         sft_worlds=2,
         sft_steps=40,
         grpo_steps=2,
@@ -160,14 +170,26 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     )
     done()
 
+    done = stage("renamed worlds")
+    # SFT reads renamed copies of the world, never the world itself: no fact of the world
+    # evaluated on is ever trained on, and a name can only be copied, not recalled
+    renamed = []
+    for copy in range(config.sft_worlds):
+        copy_world = rename_world(world, copy)
+        where = out / "oracle" / f"world-{copy}"
+        files = write_world(copy_world, where / "world")
+        copy_index = build_bm25(files["corpus"], where / "index", overwrite=True)
+        renamed.append((copy_world, read_examples(files["train"]), copy_index))
+    done()
+
     done = stage("copy warm-up")
     warm = out / "models" / "copy"
     shutil.copytree(init, warm, dirs_exist_ok=True)
-    # the questions of the renamed copies SFT will read (never the world's own), with their
-    # entity: copying a name out of a question is the first thing every episode does
-    renamed = [rename_world(world, copy) for copy in range(config.sft_worlds)]
-    entities = [(q.question, q.hops[0].entity) for w in renamed for q in w.split("train")]
-    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed, questions=entities)
+    lookups = [question_lookups([w for w, _, _ in renamed])]
+    if config.fact_warmup:
+        top_n = config.agent.top_n
+        lookups.append([f for w, _, i in renamed for f in fact_lookups(w, i, top_n)])
+    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed, lookups=lookups)
     if losses:
         echo(f"[demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     done()
@@ -180,13 +202,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     teacher_summary: dict[str, Any] = {"flaws": asdict(flaws), "worlds": config.sft_worlds}
     runs: dict[str, list[Any]] = {agent: [] for agent in AGENTS}
     with sft_data.open("w", encoding="utf-8") as lines:
-        for copy, copy_world in enumerate(renamed):
-            # SFT reads renamed copies of the world, never the world itself: no fact of the
-            # world evaluated on is ever trained on, and a name can only be copied, not recalled
-            where = out / "oracle" / f"world-{copy}"
-            files = write_world(copy_world, where / "world")
-            copy_index = build_bm25(files["corpus"], where / "index", overwrite=True)
-            questions = read_examples(files["train"])
+        for _, questions, copy_index in renamed:
             teacher = ScriptedLLM(tokenizer, oracle_policy(questions, flaws))
             for agent in AGENTS:
                 episodes = start_episodes(agent, questions, tokenizer, config.agent, templates)
