@@ -83,7 +83,8 @@ class DemoConfig:
     fact_warmup: bool = False
     """Whether a third of the warm-up copies a fact sentence out of retrieved passages
     (`fact_lookups`), the copy every memory update makes. Off: measured in docs/demo.md, it
-    did not make MemSearcher >= ReAct in both seeds, and it makes the warm-up 5x slower."""
+    did not make MemSearcher >= ReAct in both seeds, and the warm-up took 10-20 minutes (two
+    runs sharing 2 cores) against 48 s alone without it."""
     flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
     """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
     sft_worlds: int = 6
