@@ -133,6 +133,28 @@ def test_every_fact_is_one_sentence_of_the_subjects_passage() -> None:
                                                                object=hop.target)  # fmt: skip
 
 
+def test_the_word_before_a_name_tells_which_relation_it_is_the_object_of() -> None:
+    # a fact's object is copied by matching the word before it: that word must belong to one
+    # relation, and stand before no other name anywhere in the world's text
+    world = generate_world(DEMO.world)
+    before = {r: template.split("{object}")[0].split()[-1] for r, template in RELATIONS.items()}
+    assert len(set(before.values())) == len(before)
+    names = "|".join(re.escape(n) for n in sorted(world.names, key=len, reverse=True))
+    facts = {RELATIONS[h.relation].format(subject=h.entity, object=h.target): h.relation
+             for q in world.questions for h in q.hops}  # fmt: skip
+    seen = 0
+    for _, text in world.passages:
+        for sentence in re.findall(r"[^.]+\.", text):
+            for match in re.finditer(rf"(\w+) (?:{names})\b", sentence):
+                word = match.group(1)
+                if word in before.values():
+                    seen += 1
+                    assert facts.get(sentence.strip()) == next(
+                        r for r, w in before.items() if w == word
+                    ), sentence
+    assert seen > len(world.passages) / 2
+
+
 @pytest.fixture(scope="module")
 def world_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("world")

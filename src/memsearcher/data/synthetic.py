@@ -43,10 +43,15 @@ RELATIONS: dict[str, str] = {
     "author": "{subject} was written by {object}.",
     "born_in": "{subject} was born in {object}.",
     "employer": "{subject} works for {object}.",
-    "based_in": "{subject} is based in {object}.",
-    "country": "{subject} is a city in {object}.",
+    "based_in": "{subject} is based at {object}.",
+    "country": "{subject} is a city within {object}.",
 }
-"""Each relation's fact sentence, exactly as passages (and oracle memories) write it."""
+"""Each relation's fact sentence, exactly as passages (and oracle memories) write it.
+
+The word before the object differs between relations, and no other sentence of the world puts
+that word before a name, so the object of a fact can be copied by matching its last word. With
+"in" before three relations' objects (and years), a city's passages said "is a city in X" next to
+"born in <city>" and "based in <city>", and the demo model copied the wrong name (docs/demo.md)."""
 
 SPLITS = ("train", "rl", "dev", "test")
 """Question splits: SFT questions, GRPO questions, dev and held-out test."""
@@ -355,14 +360,14 @@ def _passages(
         passages.append((city, f"{fact(city, 'country')} {city} lies on the {river} river."))
     for org in orgs:
         year = rng.randint(1700, 1990)
-        passages.append((org, f"{org} was founded in {year}. {fact(org, 'based_in')}"))
+        passages.append((org, f"{org} dates from {year}. {fact(org, 'based_in')}"))
     for person in people:
         job = _a(rng.choice(_OCCUPATIONS))
         text = f"{person} is {job}. {fact(person, 'born_in')} {fact(person, 'employer')}"
         passages.append((person, text))
     for work in works:
         genre, year = _a(rng.choice(_GENRES)), rng.randint(1800, 2020)
-        text = f"{work} is {genre}. {fact(work, 'author')} It appeared in {year}."
+        text = f"{work} is {genre}. {fact(work, 'author')} It dates from {year}."
         passages.append((work, text))
     rng.shuffle(passages)
     return passages
