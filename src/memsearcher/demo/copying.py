@@ -4,9 +4,10 @@ A model trained from nothing must learn to write a name it has only read (the qu
 entity into the first query, a passage's answer into the next query and the memory). Measured
 in docs/demo.md: without help a 1M-parameter model learns which kind of name goes where, not
 which one, within the demo's budget. The warm-up trains the copy behaviour directly, on chat
-turns whose reply repeats the names of the user message or names a question's entity (and,
-optionally, copies a hop's fact out of retrieved passages), before any protocol data; the probe
-is the teacher-forced accuracy on name tokens of held-out trajectories.
+turns whose reply repeats the names of the user message, names a question's entity, or copies
+a hop's fact out of retrieved passages (unless `DemoConfig.fact_warmup` is off), before any
+protocol data; the probe is the teacher-forced accuracy on name tokens of held-out
+trajectories.
 """
 
 from __future__ import annotations

@@ -80,11 +80,11 @@ class DemoConfig:
     """The from-scratch model."""
     copy_warmup_steps: int = 800
     """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT."""
-    fact_warmup: bool = False
+    fact_warmup: bool = True
     """Whether a third of the warm-up copies a fact sentence out of retrieved passages
-    (`fact_lookups`), the copy every memory update makes. Off: measured in docs/demo.md, it
-    did not make MemSearcher >= ReAct in both seeds, and the warm-up took 10-20 minutes (two
-    runs sharing 2 cores) against 48 s alone without it."""
+    (`fact_lookups`), the copy every memory update makes. Off, the warm-up is names and
+    question entities only: faster, and (measured before the world's relation words were made
+    distinct) MemSearcher ended behind ReAct in seed 0 (docs/demo.md)."""
     flaws: TeacherFlaws = field(default_factory=lambda: TeacherFlaws(early_answer=0.5))
     """How the SFT teacher departs from the ideal agent (its seed is replaced by the run's)."""
     sft_worlds: int = 6
@@ -124,7 +124,6 @@ PRESETS: dict[str, DemoConfig] = {
         world=WorldConfig(people=16, cities=8, countries=4, orgs=6, works=20),
         model=ModelSize(vocab=768, hidden=64, layers=2),
         copy_warmup_steps=20,
-        fact_warmup=True,
         sft_worlds=2,
         sft_steps=40,
         grpo_steps=2,
