@@ -137,8 +137,8 @@ def test_the_word_before_a_name_tells_which_relation_it_is_the_object_of() -> No
     # a fact's object is copied by matching the word before it: that word must belong to one
     # relation, and stand before no other name anywhere in the world's text
     world = generate_world(DEMO.world)
-    before = {r: template.split("{object}")[0].split()[-1] for r, template in RELATIONS.items()}
-    assert len(set(before.values())) == len(before)
+    relation_of = {t.split("{object}")[0].split()[-1]: r for r, t in RELATIONS.items()}
+    assert len(relation_of) == len(RELATIONS)  # one word per relation
     names = "|".join(re.escape(n) for n in sorted(world.names, key=len, reverse=True))
     facts = {RELATIONS[h.relation].format(subject=h.entity, object=h.target): h.relation
              for q in world.questions for h in q.hops}  # fmt: skip
@@ -146,12 +146,9 @@ def test_the_word_before_a_name_tells_which_relation_it_is_the_object_of() -> No
     for _, text in world.passages:
         for sentence in re.findall(r"[^.]+\.", text):
             for match in re.finditer(rf"(\w+) (?:{names})\b", sentence):
-                word = match.group(1)
-                if word in before.values():
+                if match.group(1) in relation_of:
                     seen += 1
-                    assert facts.get(sentence.strip()) == next(
-                        r for r, w in before.items() if w == word
-                    ), sentence
+                    assert facts.get(sentence.strip()) == relation_of[match.group(1)], sentence
     assert seen > len(world.passages) / 2
 
 
