@@ -350,7 +350,15 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     assert (
         summary["datasets"]["rl"]["em"] == results["grpo_questions"]["sft+grpo/memsearcher"]["em"]
     )
-    assert "EM on GRPO's questions" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "EM on GRPO's questions" in report
+    for key, evaluation in results["evaluations"].items():  # EM by chain adds up to EM
+        chains = evaluation["em_by_chain"].values()
+        assert sum(c["questions"] for c in chains) == evaluation["questions"], key
+        weighted = sum(c["em"] * c["questions"] for c in chains) / evaluation["questions"]
+        assert weighted == pytest.approx(evaluation["em"]), key
+    for chain, counts in results["evaluations"]["sft/react"]["em_by_chain"].items():
+        assert f"| {chain.replace('>', ' > ')} | {counts['questions']} |" in report
     for name in ("report.md", "reward_per_step.png", "em_by_method.png",
                  "prompt_tokens_per_turn.png"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name

@@ -34,6 +34,7 @@ from memsearcher.data.synthetic import (
     SPLITS,
     WorldConfig,
     generate_world,
+    hops_of,
     rename_world,
     write_world,
 )
@@ -351,7 +352,8 @@ def evaluate_questions(
     out: Path,
 ) -> dict[str, Any]:
     """Greedy evaluation of ``agent`` on ``questions`` into ``out/<split>/``, with the demo's
-    turn settings; the summary of that split, plus EM by number of hops."""
+    turn settings; the summary of that split, plus EM by number of hops and by question chain
+    (its relations, joined by ">"; with the number of questions)."""
     evaluation = EvalConfig(
         agent=agent,
         max_turns=config.agent.max_turns,
@@ -362,9 +364,15 @@ def evaluate_questions(
     )
     summary = run_eval({split: questions}, llm, index, evaluation, out, templates, progress=False)
     result: dict[str, Any] = summary["datasets"][split]
-    hops = {e.id: str(len(e.metadata["hops"])) for e in questions}
+    chains = {e.id: [hop.relation for hop in hops_of(e.metadata)] for e in questions}
     by_hops: dict[str, list[float]] = {}
+    by_chain: dict[str, list[float]] = {}
     for record in read_predictions(out / split / "predictions.jsonl"):
-        by_hops.setdefault(hops[record["id"]], []).append(record["em"])
+        chain = chains[record["id"]]
+        by_hops.setdefault(str(len(chain)), []).append(record["em"])
+        by_chain.setdefault(">".join(chain), []).append(record["em"])
     result["em_by_hops"] = {h: sum(v) / len(v) for h, v in sorted(by_hops.items())}
+    result["em_by_chain"] = {
+        c: {"em": sum(v) / len(v), "questions": len(v)} for c, v in sorted(by_chain.items())
+    }
     return result
