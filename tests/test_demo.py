@@ -29,7 +29,7 @@ from memsearcher.data.synthetic import (
 )
 from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
 from memsearcher.demo.copying import copy_sequences, fact_lookups
-from memsearcher.demo.model import build_tokenizer
+from memsearcher.demo.model import build_tokenizer, save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
 from memsearcher.eval.metrics import exact_match
@@ -174,6 +174,22 @@ def test_every_name_is_one_token_wherever_it_stands(world_files: dict[str, Any])
         for context in (f"in {name}.", f'{{"query": "{name}"}}', f"<memory> {name} was"):
             assert token in tokenizer.encode(context), (name, context)
             assert tokenizer.decode(tokenizer.encode(context)) == context
+
+
+def test_the_demo_model_takes_a_head_width_apart_from_its_width(tmp_path: Path) -> None:
+    """``ModelSize.head_dim`` reaches the saved config, and the folder loads as any checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    texts = ["Where was Dramne born?"] * 4
+    size = replace(DEMO.model, vocab=300, layers=1)
+    for head_dim, q_width in ((None, size.hidden), (64, 4 * 64)):
+        wide = replace(size, head_dim=head_dim)
+        model = AutoModelForCausalLM.from_pretrained(
+            save_demo_model(tmp_path / str(head_dim), texts, wide, 0)
+        )
+        assert model.model.layers[0].self_attn.q_proj.out_features == q_width
+        assert model.model.layers[0].self_attn.o_proj.in_features == q_width
+        assert model.config.head_dim == q_width // size.heads
 
 
 def test_fact_lookups_ask_for_a_fact_among_sentences_about_its_neighbours(

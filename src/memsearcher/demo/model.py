@@ -34,6 +34,8 @@ class ModelSize:
     """Decoder layers."""
     heads: int = 4
     """Attention heads (as many key/value heads)."""
+    head_dim: int | None = None
+    """Width of each head; ``None`` is ``hidden / heads`` (32). 64 was tried: docs/demo.md."""
     max_positions: int = 2048
     """Longest sequence the position encoding is set up for."""
 
@@ -85,6 +87,7 @@ def save_demo_model(
         num_hidden_layers=size.layers,
         num_attention_heads=size.heads,
         num_key_value_heads=size.heads,
+        head_dim=size.head_dim or size.hidden // size.heads,
         max_position_embeddings=size.max_positions,
         tie_word_embeddings=True,
         bos_token_id=None,
