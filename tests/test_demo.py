@@ -182,7 +182,7 @@ def test_the_demo_model_takes_a_head_width_apart_from_its_width(tmp_path: Path) 
 
     texts = ["Where was Dramne born?"] * 4
     size = replace(DEMO.model, vocab=300, layers=1)
-    for head_dim, q_width in ((None, size.hidden), (64, 4 * 64)):
+    for head_dim, q_width in ((None, size.hidden), (64, size.heads * 64)):
         wide = replace(size, head_dim=head_dim)
         model = AutoModelForCausalLM.from_pretrained(
             save_demo_model(tmp_path / str(head_dim), texts, wide, 0)

@@ -87,7 +87,7 @@ def save_demo_model(
         num_hidden_layers=size.layers,
         num_attention_heads=size.heads,
         num_key_value_heads=size.heads,
-        head_dim=size.head_dim or size.hidden // size.heads,
+        head_dim=size.head_dim,
         max_position_embeddings=size.max_positions,
         tie_word_embeddings=True,
         bos_token_id=None,
