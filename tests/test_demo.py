@@ -361,6 +361,17 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     assert set(results["grpo_questions"]) == {
         f"{m}/{a}" for m in ("sft", "sft+grpo") for a in ("memsearcher", "react")
     }
+    # GRPO's questions are a renamed copy's rl split, asked of the copy's own index
+    world = generate_world(replace(PRESETS["quick"].world, seed=0))
+    copy = rename_world(world, PRESETS["quick"].grpo_world).split("rl")
+    copy_rl = read_examples(out / "grpo-world" / "world" / "rl.jsonl")
+    assert [e.question for e in copy_rl] == [q.question for q in copy]
+    moved = [a.question != b.question for a, b in zip(copy, world.split("rl"), strict=True)]
+    assert sum(moved) > len(moved) / 2
+    asked = out / "eval" / "sft+grpo-memsearcher" / "rl" / "predictions.jsonl"
+    asked_questions = {json.loads(line)["question"] for line in asked.open()}
+    assert asked_questions <= {e.question for e in copy_rl}
+    assert (out / "grpo-world" / "index").is_dir()
     summary = json.loads((out / "eval" / "sft+grpo-memsearcher" / "summary.json").read_text())
     assert set(summary["datasets"]) == {"test", "rl"}  # both evaluations kept, neither lost
     assert (

@@ -11,7 +11,8 @@ DEMO_OUTPUTS = frozenset(
     {"world", "index", "templates.yaml", "models", "oracle", "sft", "eval", "report.md",
      "results.json", "reward_per_step.png", "em_by_method.png", "prompt_tokens_per_turn.png"}
 )  # fmt: skip
-"""Everything `run_demo` writes into its folder, besides one ``grpo-<agent>`` folder per agent."""
+"""Everything `run_demo` writes into its folder, besides ``grpo-world`` (GRPO's renamed copy)
+and one ``grpo-<agent>`` folder per agent."""
 
 
 def add_demo_command(commands: argparse._SubParsersAction) -> None:

@@ -10,6 +10,7 @@ read afterwards (and every model is a normal HF folder that `memsearcher ask/eva
     OUT/models/copy     the same model after its copy warm-up (where SFT starts)
     OUT/oracle/         the imperfect teacher's trajectories of both agents (the SFT data), on
                         renamed copies of the world (world-K/), each with its own index
+    OUT/grpo-world/     the renamed copy whose rl questions GRPO trains on (world/, index/)
     OUT/sft/            SFT run (metrics.jsonl, step-N/model)
     OUT/grpo-<agent>/   GRPO run per agent
     OUT/eval/<method>-<agent>/  predictions and summary on the test (and rl) questions
@@ -32,6 +33,7 @@ from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episod
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import (
     SPLITS,
+    World,
     WorldConfig,
     generate_world,
     hops_of,
@@ -103,6 +105,11 @@ class DemoConfig:
     """Turn sequences per SFT update."""
     sft_lr: float = 2e-3
     """Peak SFT learning rate (cosine, after a short warm-up)."""
+    grpo_world: int = 100
+    """The renamed copy of the world (`rename_world`) whose ``rl`` questions and index GRPO
+    trains on, well past SFT's copies (0 to ``sft_worlds`` - 1). Its names are the world's
+    own, each moved to other facts, so reward can teach how to find an answer but not which
+    name answers the world's questions (docs/demo.md)."""
     grpo_steps: int = 16
     """GRPO steps per agent, on the ``rl`` split (entities SFT never started from)."""
     grpo_questions_per_step: int = 24
@@ -162,7 +169,6 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     templates_file.write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
     templates = Templates(**DEMO_TEMPLATES)
     test = read_examples(paths["test"])[: config.test_questions]
-    rl = read_examples(paths["rl"])[: config.test_questions]
     done()
 
     done = stage("tokenizer and model")
@@ -174,13 +180,15 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     done = stage("renamed worlds")
     # SFT reads renamed copies of the world, never the world itself: no fact of the world
     # evaluated on is ever trained on, and a name can only be copied, not recalled
-    renamed = []
-    for copy in range(config.sft_worlds):
-        copy_world = rename_world(world, copy)
-        where = out / "oracle" / f"world-{copy}"
-        files = write_world(copy_world, where / "world")
-        copy_index = build_bm25(files["corpus"], where / "index", overwrite=True)
-        renamed.append((copy_world, read_examples(files["train"]), copy_index))
+    renamed = [
+        _renamed_copy(world, copy, out / "oracle" / f"world-{copy}", "train")
+        for copy in range(config.sft_worlds)
+    ]
+    # GRPO, too, trains on a copy: on the world's own rl questions, reward would also teach
+    # which names answer it (their most frequent answer is the test split's too)
+    grpo_world = out / "grpo-world"
+    _, rl, grpo_index = _renamed_copy(world, config.grpo_world, grpo_world, "rl")
+    rl = rl[: config.test_questions]
     done()
 
     done = stage("copy warm-up")
@@ -238,7 +246,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     for agent in AGENTS:
         done = stage(f"GRPO ({agent})")
         output = out / f"grpo-{agent}"
-        train_grpo(grpo_config(config, agent, out, sft_model, output, seed))
+        train_grpo(grpo_config(config, agent, grpo_world, templates_file, sft_model, output, seed))
         rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
         echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
         grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
@@ -268,7 +276,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
         for agent, path in models[method].items():
             target = out / "eval" / f"{method}-{agent}"
             summary = evaluate_questions(
-                loaded[path], agent, "rl", rl, index, templates, config, target
+                loaded[path], agent, "rl", rl, grpo_index, templates, config, target
             )
             grpo_questions[f"{method}/{agent}"] = summary
             echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f} on GRPO's questions")
@@ -304,16 +312,22 @@ def sft_config(config: DemoConfig, data: Path, init: Path, output: Path, seed: i
 
 
 def grpo_config(
-    config: DemoConfig, agent: str, folder: Path, model: Path, output: Path, seed: int
+    config: DemoConfig,
+    agent: str,
+    world: Path,
+    templates: Path,
+    model: Path,
+    output: Path,
+    seed: int,
 ) -> GRPOConfig:
-    """The demo's GRPO run for ``agent`` from ``model``, on the ``rl`` questions, index and
-    templates of the demo folder ``folder``."""
+    """The demo's GRPO run for ``agent`` from ``model``, on the ``rl`` questions and index of
+    the world folder ``world`` (world/rl.jsonl, index/), with the prompts in ``templates``."""
     return GRPOConfig(
-        data=str(folder / "world" / "rl.jsonl"),
+        data=str(world / "world" / "rl.jsonl"),
         output_dir=str(output),
         agent_name=agent,
-        retriever=str(folder / "index"),
-        templates=str(folder / "templates.yaml"),
+        retriever=str(world / "index"),
+        templates=str(templates),
         seed=seed,
         steps=config.grpo_steps,
         questions_per_step=config.grpo_questions_per_step,
@@ -328,6 +342,15 @@ def grpo_config(
         optim=OptimConfig(lr=config.grpo_lr),
         agent=config.agent,
     )
+
+
+def _renamed_copy(world: World, copy: int, where: Path, split: str) -> tuple[World, list[Any], Any]:
+    """Write renamed copy ``copy`` of ``world`` and its BM25 index into ``where`` (world/,
+    index/); return the copy, its ``split`` questions and the index."""
+    renamed = rename_world(world, copy)
+    files = write_world(renamed, where / "world")
+    index = build_bm25(files["corpus"], where / "index", overwrite=True)
+    return renamed, read_examples(files[split]), index
 
 
 def _load(path: Path) -> Any:
