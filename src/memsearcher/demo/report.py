@@ -206,7 +206,8 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         "",
         f"World: {world['passages']} passages; {world['train']} SFT (train), {world['rl']} GRPO "
         f"(rl), {world['dev']} dev and {world['test']} test questions (1 to 3 hops; the rl, dev "
-        "and test questions start from entities no train question starts from).",
+        "and test questions start from entities no train question starts from). SFT reads "
+        "renamed copies of the train questions, GRPO a renamed copy of the rl ones.",
         "",
         format_teacher(results),
         "",
@@ -217,8 +218,9 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
         "",
         format_results(results),
         "",
-        f"The same models on GRPO's own {own_count} questions (the rl split: held out from SFT, "
-        "trained on by GRPO), next to the test questions:",
+        f"The same models on GRPO's own {own_count} questions (the rl split of GRPO's renamed "
+        "copy, with its index: held out from SFT, trained on by GRPO), next to the test "
+        "questions:",
         "",
         format_grpo_questions(results),
         "",
