@@ -15,8 +15,9 @@ subcommand works in one folder, so a GRPO variant starts from an SFT run's model
 at most --max-hops hops, answering early at rate --early) and trains on them, then scores both
 agents; --warmup 0 --early 0 --names-as-text is the demo before issue 17. It trains on the
 world's own ``train`` questions; the demo itself now trains on renamed copies (docs/demo.md).
-``grpo`` trains on OUT/world/rl.jsonl with the demo's GRPO settings (overridable) and scores
-every saved step. Scores are greedy EM on the first --test questions of the split.
+``grpo`` trains on OUT/world/rl.jsonl (the world's own rl questions; the demo itself now trains
+GRPO on a renamed copy) with the demo's GRPO settings (overridable) and scores every saved step.
+Scores are greedy EM on the first --test questions of the split.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def run_grpo(args: argparse.Namespace) -> None:
     # the demo's GRPO settings as a preset (NAME.yaml), --set on top; the trainer logs the
     # effective config in its run folder
     steps = replace(DEMO, grpo_steps=args.steps)
-    base = grpo_config(steps, args.agent, out, Path(args.model), out / args.name, seed=0)
+    base = grpo_config(
+        steps, args.agent, out, out / "templates.yaml", Path(args.model), out / args.name, seed=0
+    )
     preset = out / f"{args.name}.yaml"
     preset.write_text(yaml.safe_dump(config_to_dict(base)), encoding="utf-8")
     train_grpo(load_config(GRPOConfig, preset, [f"save_every={args.save_every}", *args.set]))

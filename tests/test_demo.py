@@ -32,6 +32,7 @@ from memsearcher.demo.copying import copy_sequences, fact_lookups
 from memsearcher.demo.model import build_tokenizer, save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
+from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
@@ -407,6 +408,12 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     assert json.loads((out / "results.json").read_text())["seed"] == 1
     metrics = (out / "grpo-memsearcher" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == PRESETS["quick"].grpo_steps
+
+
+def test_grpo_cannot_train_on_a_copy_sft_read() -> None:
+    with pytest.raises(MemSearcherError, match="GRPO must train on a copy SFT never read"):
+        replace(DEMO, grpo_world=DEMO.sft_worlds - 1)
+    assert replace(DEMO, grpo_world=DEMO.sft_worlds).grpo_world == DEMO.sft_worlds
 
 
 def test_demo_refuses_a_folder_it_did_not_write_and_loses_nothing(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from memsearcher.demo.copying import (
 )
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
+from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
 from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
 from memsearcher.llm import load_tokenizer
@@ -125,6 +126,13 @@ class DemoConfig:
     test_questions: int = 200
     """Held-out test questions evaluated per (method, agent)."""
 
+    def __post_init__(self) -> None:
+        if self.grpo_world < self.sft_worlds:
+            raise MemSearcherError(
+                f"grpo_world ({self.grpo_world}) is one of SFT's renamed copies (0 to "
+                f"{self.sft_worlds - 1}): GRPO must train on a copy SFT never read"
+            )
+
 
 PRESETS: dict[str, DemoConfig] = {
     "full": DemoConfig(),
@@ -184,10 +192,10 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
         _renamed_copy(world, copy, out / "oracle" / f"world-{copy}", "train")
         for copy in range(config.sft_worlds)
     ]
-    # GRPO, too, trains on a copy: on the world's own rl questions, reward would also teach
-    # which names answer it (their most frequent answer is the test split's too)
-    grpo_world = out / "grpo-world"
-    _, rl, grpo_index = _renamed_copy(world, config.grpo_world, grpo_world, "rl")
+    # GRPO, too, trains on a copy: on the world's own rl questions, reward could also teach
+    # which names answer it (their answers are drawn from the test answers' names)
+    grpo_folder = out / "grpo-world"
+    _, rl, grpo_index = _renamed_copy(world, config.grpo_world, grpo_folder, "rl")
     rl = rl[: config.test_questions]
     done()
 
@@ -246,7 +254,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     for agent in AGENTS:
         done = stage(f"GRPO ({agent})")
         output = out / f"grpo-{agent}"
-        train_grpo(grpo_config(config, agent, grpo_world, templates_file, sft_model, output, seed))
+        train_grpo(grpo_config(config, agent, grpo_folder, templates_file, sft_model, output, seed))
         rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
         echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
         grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
