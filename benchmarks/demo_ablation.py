@@ -35,7 +35,6 @@ from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.copying import warm_up_copying
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import (
     AGENTS,
     PRESETS,
@@ -43,6 +42,7 @@ from memsearcher.demo.pipeline import (
     grpo_config,
     sft_config,
 )
+from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
@@ -52,6 +52,7 @@ from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.config import GRPOConfig, config_to_dict, load_config
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
+from memsearcher.teach.oracle import TeacherFlaws, oracle_policy
 
 DEMO = PRESETS["full"]
 

@@ -23,14 +23,15 @@ from memsearcher.agent import Templates, run_lockstep, start_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
+from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.embedded import embedded_model_path
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.batching import collate, plan_micro_batches, sequence_logprobs
+from memsearcher.teach.oracle import oracle_policy
 from memsearcher.types import TokenSequence
 
 

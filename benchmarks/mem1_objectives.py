@@ -26,13 +26,8 @@ from memsearcher.data.compose import compose
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, write_world
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import (
-    DEMO_MEM1_TEMPLATES,
-    DEMO_TEMPLATES,
-    oracle_policy,
-    tokenizer_texts,
-)
 from memsearcher.demo.pipeline import PRESETS, sft_config
+from memsearcher.demo.templates import DEMO_MEM1_TEMPLATES, DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.eval.report import draw_objective_plots, format_table, load_rows
 from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm import load_tokenizer
@@ -41,6 +36,7 @@ from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.train_sft import train_sft
+from memsearcher.teach.oracle import oracle_policy
 
 AGENTS = ("memsearcher", "react", "mem1")
 OBJECTIVES = (1, 2, 4, 8)

@@ -30,8 +30,8 @@ from memsearcher.data.synthetic import (
 from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
 from memsearcher.demo.copying import copy_sequences, fact_lookups
 from memsearcher.demo.model import build_tokenizer, save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS
+from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams
@@ -39,6 +39,7 @@ from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.rewards import get_reward
+from memsearcher.teach.oracle import TeacherFlaws, oracle_policy
 
 DEMO = PRESETS["full"]
 

@@ -24,13 +24,14 @@ from memsearcher.demo.copying import (
     warm_up_copying,
 )
 from memsearcher.demo.model import save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, oracle_policy, tokenizer_texts
 from memsearcher.demo.pipeline import PRESETS, sft_config
+from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.train_sft import train_sft
+from memsearcher.teach.oracle import oracle_policy
 from memsearcher.types import TokenSequence
 
 DEMO = PRESETS["full"]
@@ -66,21 +67,27 @@ def _copy_probe(tokenizer: Any, names: tuple[str, ...], model: Any) -> float:
 
 
 @pytest.mark.slow
-def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(tmp_path: Path) -> None:
+def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(
+    tmp_path: Path, learning_seed: int, record_property: Any
+) -> None:
     """The untrained model copies nothing; after the warm-up it repeats listed names; after a
     short SFT on the imperfect teacher's data it writes the names of test questions (entities
     no SFT question starts from) into queries, memories and answers, teacher-forced."""
-    world = generate_world(DEMO.world)
+    world = generate_world(replace(DEMO.world, seed=learning_seed))
     paths = write_world(world, tmp_path / "world")
     index = build_bm25(paths["corpus"], tmp_path / "index")
-    model = save_demo_model(tmp_path / "model", tokenizer_texts(world), DEMO.model, 0, world.names)
+    model = save_demo_model(
+        tmp_path / "model", tokenizer_texts(world), DEMO.model, learning_seed, world.names
+    )
     tokenizer = load_tokenizer(str(model))
     assert _copy_probe(tokenizer, world.names, _model(model)) < 0.05
 
     renamed = [rename_world(world, copy) for copy in range(2)]  # as the demo, with fewer copies
     lookups = [question_lookups(renamed)]
-    warm_up_copying(model, world.names, DEMO.copy_warmup_steps, seed=0, lookups=lookups)
-    assert _copy_probe(tokenizer, world.names, _model(model)) > WARM_UP_THRESHOLD
+    warm_up_copying(model, world.names, DEMO.copy_warmup_steps, seed=learning_seed, lookups=lookups)
+    warmed = _copy_probe(tokenizer, world.names, _model(model))
+    record_property("warm_up", round(warmed, 4))
+    assert warmed > WARM_UP_THRESHOLD
 
     templates = Templates(**DEMO_TEMPLATES)
     data = tmp_path / "teacher.jsonl"
@@ -88,12 +95,15 @@ def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(tmp_path: Pa
         for copy, copy_world in enumerate(renamed):  # the teacher on the renamed copies
             files = write_world(copy_world, tmp_path / f"copy-{copy}")
             train = read_examples(files["train"])
-            teacher = ScriptedLLM(tokenizer, oracle_policy(train, replace(DEMO.flaws, seed=0)))
+            teacher = ScriptedLLM(
+                tokenizer, oracle_policy(train, replace(DEMO.flaws, seed=learning_seed))
+            )
             episodes = start_episodes("memsearcher", train, tokenizer, DEMO.agent, templates)
             copy_index = build_bm25(files["corpus"], tmp_path / f"copy-{copy}" / "index")
             for t in run_lockstep(episodes, teacher, copy_index, SamplingParams()):
                 lines.write(json.dumps(t.to_dict()) + "\n")
-    train_sft(sft_config(replace(DEMO, sft_steps=SFT_STEPS), data, model, tmp_path / "sft", 0))
+    preset = replace(DEMO, sft_steps=SFT_STEPS)
+    train_sft(sft_config(preset, data, model, tmp_path / "sft", learning_seed))
 
     test = read_examples(paths["test"])
     ideal = ScriptedLLM(tokenizer, oracle_policy(test))
@@ -102,5 +112,6 @@ def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(tmp_path: Pa
     name_ids = {tokenizer.encode(name)[0] for name in world.names}
     trained = _model(tmp_path / "sft" / f"step-{SFT_STEPS}" / "model")
     correct, total = name_token_accuracy(trained, probe, name_ids)
+    record_property("sft", round(correct / total, 4))
     assert total > 1000
     assert correct / total > SFT_THRESHOLD

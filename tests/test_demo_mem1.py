@@ -15,18 +15,14 @@ from memsearcher.data.compose import compose
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import RELATIONS, WorldConfig, generate_world, write_world
 from memsearcher.demo.model import build_tokenizer
-from memsearcher.demo.oracle import (
-    DEMO_MEM1_TEMPLATES,
-    DEMO_TEMPLATES,
-    oracle_policy,
-    tokenizer_texts,
-)
 from memsearcher.demo.pipeline import PRESETS
+from memsearcher.demo.templates import DEMO_MEM1_TEMPLATES, DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.eval.metrics import exact_match, objective_sum
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.bm25 import build_bm25
+from memsearcher.teach.oracle import oracle_policy
 
 DEMO = PRESETS["full"]
 TEMPLATES = Templates(**DEMO_TEMPLATES, **DEMO_MEM1_TEMPLATES)

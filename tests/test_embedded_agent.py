@@ -10,12 +10,6 @@ import pytest
 import torch
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
-from memsearcher.demo.embedded_agent import (
-    build_protocol_data,
-    overlaps_heldout,
-    read_heldout,
-    wiki_questions,
-)
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.embedded import (
@@ -26,8 +20,11 @@ from memsearcher.llm.embedded import (
 )
 from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.embedded import embedded_passages
-from memsearcher.rl.config import ProtocolDataConfig, SFTConfig, load_config
+from memsearcher.rl.config import SFTConfig, load_config
 from memsearcher.rl.train_sft import read_trajectories
+from memsearcher.teach.config import ProtocolDataConfig
+from memsearcher.teach.protocol_data import build_protocol_data
+from memsearcher.teach.wiki import overlaps_heldout, read_heldout, wiki_questions
 from memsearcher.types import QAExample
 
 ROOT = Path(__file__).parents[1]

@@ -48,7 +48,7 @@ from memsearcher.demo.copying import (
     warm_up_copying,
 )
 from memsearcher.demo.model import ModelSize, save_demo_model
-from memsearcher.demo.oracle import DEMO_TEMPLATES, TeacherFlaws, oracle_policy, tokenizer_texts
+from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
 from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
@@ -60,6 +60,7 @@ from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfig
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
+from memsearcher.teach.oracle import AGENTS, TeacherFlaws, oracle_policy
 
 __all__ = [
     "AGENTS",
@@ -70,8 +71,6 @@ __all__ = [
     "run_demo",
     "sft_config",
 ]
-
-AGENTS = ("memsearcher", "react")
 
 
 @dataclass(frozen=True)

@@ -68,16 +68,16 @@ def _train_sft(config: SFTConfig, resume: bool) -> None:
     from memsearcher.rl.train_sft import train_sft
 
     if config.build is not None and not Path(config.data).is_file():
-        from memsearcher.demo.embedded_agent import build_protocol_data
         from memsearcher.llm import load_tokenizer
         from memsearcher.llm.embedded import resolve_model
+        from memsearcher.teach.protocol_data import build_protocol_data
 
         tokenizer = load_tokenizer(resolve_model(config.model.path))
         build_protocol_data(config.build, config.data, tokenizer, tqdm.write)
     started = time.perf_counter()
     train_sft(config, resume=resume, echo=tqdm.write)
     if config.export_adapter:
-        from memsearcher.demo.embedded_agent import export_trained_adapter
+        from memsearcher.rl.export import export_trained_adapter
 
         folder = export_trained_adapter(config, time.perf_counter() - started)
         print(f"adapter written to {folder}")

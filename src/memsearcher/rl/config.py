@@ -1,28 +1,20 @@
-"""Training configs: one frozen dataclass per component, loaded from YAML plus overrides.
+"""Training configs: one frozen dataclass per component, loaded from YAML plus overrides
+(`memsearcher.config.load_config`).
 
-A preset file (``configs/*.yaml``) gives the values that differ from the defaults; command-line
-overrides ``key=value`` (dotted for nested sections, e.g. ``optim.lr=1e-5``) apply on top.
-Unknown keys and ill-typed values are errors that list what is valid; so are values out of
-range (a NaN or negative learning rate, beta < 0) and names missing from their registry (an
-unknown agent, reward, aggregation or schedule), all checked when the config is built, so
-``--print-config`` catches them, and named by their dotted key.
+Values out of range (a NaN or negative learning rate, beta < 0) and names missing from their
+registry (an unknown agent, reward, aggregation or schedule) are errors, checked when the config
+is built, so ``--print-config`` catches them, and named by their dotted key.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
 
 from memsearcher.agent.base import AgentConfig
+from memsearcher.config import config_to_dict, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
+from memsearcher.rl.schedules import SCHEDULES
+from memsearcher.teach.config import ProtocolDataConfig
 
 __all__ = [
     "ADVANTAGES",
@@ -35,8 +27,6 @@ __all__ = [
     "config_to_dict",
     "load_config",
 ]
-
-C = TypeVar("C")
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -105,17 +95,15 @@ class OptimConfig:
     """Clip the global gradient norm to this (0 disables clipping)."""
 
     def __post_init__(self) -> None:
-        from memsearcher.rl.optim import SCHEDULES  # here: optim imports this module
-
-        _require(self, "lr", _finite(self.lr) and self.lr > 0, "a finite number > 0")
-        _require(self, "weight_decay", _finite(self.weight_decay) and self.weight_decay >= 0,
-                 "a finite number >= 0")  # fmt: skip
-        _require(self, "betas", all(_finite(b) and 0 <= b < 1 for b in self.betas),
-                 "two numbers in [0, 1)")  # fmt: skip
-        _require(self, "warmup_steps", self.warmup_steps >= 0, ">= 0")
-        _require(self, "schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}")
-        _require(self, "max_grad_norm", _finite(self.max_grad_norm) and self.max_grad_norm >= 0,
-                 "a finite number >= 0 (0 disables clipping)")  # fmt: skip
+        require(self, "lr", finite(self.lr) and self.lr > 0, "a finite number > 0")
+        require(self, "weight_decay", finite(self.weight_decay) and self.weight_decay >= 0,
+                "a finite number >= 0")  # fmt: skip
+        require(self, "betas", all(finite(b) and 0 <= b < 1 for b in self.betas),
+                "two numbers in [0, 1)")  # fmt: skip
+        require(self, "warmup_steps", self.warmup_steps >= 0, ">= 0")
+        require(self, "schedule", self.schedule in SCHEDULES, f"one of {sorted(SCHEDULES)}")
+        require(self, "max_grad_norm", finite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                "a finite number >= 0 (0 disables clipping)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -138,13 +126,13 @@ class CriticConfig:
     """Whiten the advantages over the step's action tokens on each rank (as veRL)."""
 
     def __post_init__(self) -> None:
-        _require(self, "lr", _finite(self.lr) and self.lr > 0, "a finite number > 0")
-        _require(self, "value_clip", _finite(self.value_clip) and self.value_clip >= 0,
-                 "a finite number >= 0")  # fmt: skip
-        _require(self, "gamma", _finite(self.gamma) and 0 <= self.gamma <= 1, "in [0, 1]")
-        _require(self, "lam", _finite(self.lam) and 0 <= self.lam <= 1, "in [0, 1]")
-        _require(self, "kl_reward", _finite(self.kl_reward) and self.kl_reward >= 0,
-                 "a finite number >= 0")  # fmt: skip
+        require(self, "lr", finite(self.lr) and self.lr > 0, "a finite number > 0")
+        require(self, "value_clip", finite(self.value_clip) and self.value_clip >= 0,
+                "a finite number >= 0")  # fmt: skip
+        require(self, "gamma", finite(self.gamma) and 0 <= self.gamma <= 1, "in [0, 1]")
+        require(self, "lam", finite(self.lam) and 0 <= self.lam <= 1, "in [0, 1]")
+        require(self, "kl_reward", finite(self.kl_reward) and self.kl_reward >= 0,
+                "a finite number >= 0")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -217,8 +205,8 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         _check_grpo(self)
-        _positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
-        _positive(self, "micro_batch_tokens", "log_every", "save_every")
+        positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
+        positive(self, "micro_batch_tokens", "log_every", "save_every")
         if self.questions_per_step % self.mini_batch_questions:
             raise MemSearcherError(
                 f"questions_per_step ({self.questions_per_step}) must be a multiple of "
@@ -238,41 +226,6 @@ class GRPOConfig:
     def updates_per_step(self) -> int:
         """Optimizer updates per training step."""
         return self.ppo_epochs * (self.questions_per_step // self.mini_batch_questions)
-
-
-@dataclass(frozen=True)
-class ProtocolDataConfig:
-    """Oracle trajectories that teach a model the protocol (memsearcher.demo.embedded_agent)."""
-
-    worlds: int = 40
-    """Synthetic worlds, one per seed, so that fictional names rarely repeat."""
-    questions_per_world: int = 6
-    """Training questions drawn per world and agent."""
-    wiki_questions: int = 400
-    """Questions read off embedded Wikipedia passages (before dropping the retriever's misses),
-    each run by both agents."""
-    passage_words: int = 50
-    """Wikipedia passages are cut to their first sentences, at most this many words (0: whole
-    passages), to keep SFT sequences short on a CPU."""
-    max_share: float = 0.3
-    """Largest share of one kind of Wikipedia question (nationality questions abound)."""
-    heldout: str = ""
-    """A FlashRAG file of held-out questions: passages with their ``metadata.title`` are never
-    used for training questions ("" excludes none)."""
-    seed: int = 0
-    """Seeds the worlds and the draws."""
-    agent: AgentConfig = field(
-        default_factory=lambda: AgentConfig(
-            max_turns=4, memory_tokens=128, max_new_tokens=128, top_n=3
-        )
-    )
-    """The agents' settings while the oracle runs (top_n passages per search)."""
-
-    def __post_init__(self) -> None:
-        _require(self, "worlds", self.worlds >= 0, ">= 0")
-        _require(self, "questions_per_world", self.questions_per_world >= 0, ">= 0")
-        _require(self, "wiki_questions", self.wiki_questions >= 0, ">= 0")
-        _require(self, "max_share", 0 < self.max_share <= 1, "in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -314,11 +267,11 @@ class SFTConfig:
     """Optimizer and schedule."""
 
     def __post_init__(self) -> None:
-        _require(self, "max_sequence_tokens", self.max_sequence_tokens >= 0, ">= 0")
-        _positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
-        _positive(self, "save_every")
-        _require(self, "steps", self.steps >= 0, ">= 0 (0: epochs passes over the data)")
-        _require(self, "seed", self.seed >= 0, ">= 0")
+        require(self, "max_sequence_tokens", self.max_sequence_tokens >= 0, ">= 0")
+        positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
+        positive(self, "save_every")
+        require(self, "steps", self.steps >= 0, ">= 0 (0: epochs passes over the data)")
+        require(self, "seed", self.seed >= 0, ">= 0")
         _check_precision(self.model, self.optim)
 
 
@@ -336,21 +289,11 @@ def _check_precision(model: ModelConfig, optim: OptimConfig) -> None:
         )
 
 
-def _finite(value: float) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require(config: Any, name: str, ok: bool, rule: str) -> None:
-    """A ValueError naming the field; ``load_config`` adds its section (``optim.lr``)."""
-    if not ok:
-        raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
-
-
 def _check_model(config: ModelConfig) -> None:
-    _require(config, "lora_rank", config.lora_rank >= 0, ">= 0 (0 trains every weight)")
-    _require(config, "lora_alpha", config.lora_alpha > 0, "> 0")
-    _require(config, "rollout_batch_size", config.rollout_batch_size >= 1, ">= 1")
-    _require(config, "distributed", config.distributed in ("ddp", "fsdp"), "ddp or fsdp")
+    require(config, "lora_rank", config.lora_rank >= 0, ">= 0 (0 trains every weight)")
+    require(config, "lora_alpha", config.lora_alpha > 0, "> 0")
+    require(config, "rollout_batch_size", config.rollout_batch_size >= 1, ">= 1")
+    require(config, "distributed", config.distributed in ("ddp", "fsdp"), "ddp or fsdp")
 
 
 def _check_grpo(config: GRPOConfig) -> None:
@@ -359,118 +302,23 @@ def _check_grpo(config: GRPOConfig) -> None:
     from memsearcher.rl.loss import AGGREGATIONS
     from memsearcher.rl.rewards import REWARDS
 
-    _require(config, "agent_name", config.agent_name in AGENTS, f"one of {sorted(AGENTS)}")
-    _require(config, "aggregation", config.aggregation in AGGREGATIONS,
-             f"one of {sorted(AGGREGATIONS)}")  # fmt: skip
-    _require(config, "reward", config.reward in REWARDS, f"one of {sorted(REWARDS)}")
-    _require(config, "beta", _finite(config.beta) and config.beta >= 0,
-             "a finite number >= 0 (0 skips the reference model)")  # fmt: skip
-    _require(config, "clip_low", _finite(config.clip_low) and 0 <= config.clip_low < 1,
-             "in [0, 1)")  # fmt: skip
-    _require(config, "clip_high", _finite(config.clip_high) and config.clip_high >= 0,
-             "a finite number >= 0")  # fmt: skip
-    _require(config, "temperature", _finite(config.temperature), "a finite number")
-    _require(config, "steps", config.steps >= 0, ">= 0 (0: one pass over the questions)")
-    _require(config, "sample_every", config.sample_every >= 0, ">= 0 (0 disables)")
-    _require(config, "seed", config.seed >= 0, ">= 0")
-    _require(config, "advantage", config.advantage in ADVANTAGES, f"one of {list(ADVANTAGES)}")
-    _require(config, "entropy_coef", _finite(config.entropy_coef) and config.entropy_coef >= 0,
-             "a finite number >= 0")  # fmt: skip
+    require(config, "agent_name", config.agent_name in AGENTS, f"one of {sorted(AGENTS)}")
+    require(config, "aggregation", config.aggregation in AGGREGATIONS,
+            f"one of {sorted(AGGREGATIONS)}")  # fmt: skip
+    require(config, "reward", config.reward in REWARDS, f"one of {sorted(REWARDS)}")
+    require(config, "beta", finite(config.beta) and config.beta >= 0,
+            "a finite number >= 0 (0 skips the reference model)")  # fmt: skip
+    require(config, "clip_low", finite(config.clip_low) and 0 <= config.clip_low < 1,
+            "in [0, 1)")  # fmt: skip
+    require(config, "clip_high", finite(config.clip_high) and config.clip_high >= 0,
+            "a finite number >= 0")  # fmt: skip
+    require(config, "temperature", finite(config.temperature), "a finite number")
+    require(config, "steps", config.steps >= 0, ">= 0 (0: one pass over the questions)")
+    require(config, "sample_every", config.sample_every >= 0, ">= 0 (0 disables)")
+    require(config, "seed", config.seed >= 0, ">= 0")
+    require(config, "advantage", config.advantage in ADVANTAGES, f"one of {list(ADVANTAGES)}")
+    require(config, "entropy_coef", finite(config.entropy_coef) and config.entropy_coef >= 0,
+            "a finite number >= 0")  # fmt: skip
     if config.advantage == "gae":
         rule = "false with advantage: gae (groups are GRPO's; the critic learns from all)"
-        _require(config, "filter_degenerate", not config.filter_degenerate, rule)
-
-
-def _positive(config: Any, *names: str) -> None:
-    for name in names:
-        if getattr(config, name) < 1:
-            raise MemSearcherError(f"{name} must be >= 1, got {getattr(config, name)}")
-
-
-def load_config(cls: type[C], path: str | Path | None, overrides: Sequence[str] = ()) -> C:
-    """``cls`` from a YAML preset (or the defaults), then ``key=value`` overrides on top."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as error:
-            raise MemSearcherError(f"cannot read config {path}: {error.strerror}") from None
-        except yaml.YAMLError as error:
-            raise MemSearcherError(f"{path}: not valid YAML: {error}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise MemSearcherError(f"{path}: the config must be a mapping")
-        data = loaded or {}
-    for override in overrides:
-        key, sep, text = override.partition("=")
-        if not sep or not key:
-            raise MemSearcherError(f"override {override!r} is not key=value")
-        *parents, leaf = key.strip().split(".")
-        node = data
-        for parent in parents:
-            node = node.setdefault(parent, {})
-            if not isinstance(node, dict):
-                raise MemSearcherError(f"override {override!r}: {parent} is not a section")
-        node[leaf] = yaml.safe_load(text) if text.strip() else ""
-    return _build(cls, data, "")
-
-
-def _build(cls: type[C], data: dict[str, Any], prefix: str) -> C:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise MemSearcherError(
-            f"unknown config key {prefix}{unknown[0]}; valid keys: "
-            + ", ".join(prefix + name for name in names)
-        )
-    values = {name: _coerce(hints[name], data[name], prefix + name) for name in data}
-    try:
-        return cls(**values)
-    except (ValueError, TypeError) as error:  # messages start with the field's name
-        raise MemSearcherError(f"invalid config: {prefix}{error}") from None
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise MemSearcherError(f"{key} must be a section of keys, got {value!r}")
-        return _build(hint, value, key + ".")  # type: ignore[arg-type]
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise MemSearcherError(f"{key} must be a list, got {value!r}")
-        items = args[:1] * len(value) if args[-1:] == (Ellipsis,) else args
-        if len(items) != len(value):
-            raise MemSearcherError(f"{key} must have {len(items)} items, got {value!r}")
-        return tuple(_coerce(h, v, key) for h, v in zip(items, value, strict=True))
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if hint in (int, str, bool, float) and not (
-        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
-    ):
-        raise MemSearcherError(f"{key} must be {hint.__name__}, got {value!r}")
-    return value
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """A config as plain data (tuples become lists), for logs and checkpoints."""
-    plain: dict[str, Any] = _plain(dataclasses.asdict(config))
-    return plain
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+        require(config, "filter_degenerate", not config.filter_degenerate, rule)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import OptimConfig
+from memsearcher.rl.schedules import SCHEDULES
 
-__all__ = ["SCHEDULES", "make_optimizer", "make_scheduler", "optimizer_step"]
+__all__ = ["make_optimizer", "make_scheduler", "optimizer_step"]
 
 
 def make_optimizer(model: Any, config: OptimConfig) -> torch.optim.Optimizer:
@@ -21,25 +19,11 @@ def make_optimizer(model: Any, config: OptimConfig) -> torch.optim.Optimizer:
     )
 
 
-def _constant(progress: float) -> float:
-    return 1.0
-
-
-def _cosine(progress: float) -> float:
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
-SCHEDULES: dict[str, Callable[[float], float]] = {"constant": _constant, "cosine": _cosine}
-
-
 def make_scheduler(
     optimizer: torch.optim.Optimizer, config: OptimConfig, total_updates: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup_steps`` updates, then a `SCHEDULES` shape."""
-    if config.schedule not in SCHEDULES:
-        raise MemSearcherError(
-            f"unknown schedule {config.schedule!r}; choose one of {sorted(SCHEDULES)}"
-        )
+    """Linear warm-up over ``warmup_steps`` updates, then a `SCHEDULES` shape (the name was
+    checked when ``config`` was built)."""
     shape = SCHEDULES[config.schedule]
     warmup = config.warmup_steps
 

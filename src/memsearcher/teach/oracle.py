@@ -24,48 +24,17 @@ from dataclasses import dataclass
 
 from memsearcher.agent.base import MEMORY_STOP
 from memsearcher.agent.prompts import TOOL_NAME
-from memsearcher.data.synthetic import RELATIONS, Hop, World, hops_of
+from memsearcher.data.synthetic import RELATIONS, Hop, hops_of
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 from memsearcher.types import QAExample
 
-__all__ = [
-    "DEMO_MEM1_TEMPLATES",
-    "DEMO_TEMPLATES",
-    "TeacherFlaws",
-    "oracle_policy",
-    "protocol_texts",
-    "read_chain",
-    "tokenizer_texts",
-]
+__all__ = ["AGENTS", "TeacherFlaws", "oracle_policy", "protocol_texts", "read_chain"]
+
+AGENTS = ("memsearcher", "react")
+"""The agents whose trajectories the teachers write for SFT (MEM1's are written on demand)."""
 
 _QUESTION = re.compile(r"<question> (.*?) </question>", re.DOTALL)
-
-DEMO_TEMPLATES = {
-    "memsearcher_system": (
-        "Answer the question. Think in <think> </think>, then search with <tool_call> "
-        "</tool_call> or answer with \\boxed{{}}. After a search, rewrite your memory in "
-        "<memory> </memory>."
-    ),
-    "memsearcher_tool_response": "<tool_response>\n{passages}\n</tool_response>\nUpdate memory.",
-    "react_system": (
-        "Answer the question. Think in <think> </think>, then search with <tool_call> "
-        "</tool_call> or answer with \\boxed{{}}."
-    ),
-}
-"""Short prompts for the demo's small model (the protocol's tags, fewer instruction words)."""
-
-DEMO_MEM1_TEMPLATES = {
-    "mem1_user": (
-        "Answer the questions. Think in <think> </think> and keep there every fact found so "
-        "far, then search with <search> </search> or answer with <answer> </answer>, the "
-        "answers separated by ;. Questions: {questions}"
-    ),
-    "multi_question": "Answer all {count}, separated by ; in one \\boxed{{}}: {questions}",
-}
-"""The demo's short MEM1 prompt and multi-objective instruction, for runs of all three agents
-on multi-objective tasks (``benchmarks/mem1_objectives.py``); the demo pipeline itself trains
-MemSearcher and ReAct on single questions with `DEMO_TEMPLATES` alone."""
 
 
 def read_chain(entity: str, relations: Sequence[str], evidence: str) -> list[tuple[str, str]]:
@@ -184,11 +153,3 @@ def protocol_texts(examples: Sequence[QAExample]) -> list[str]:
             texts.append(f"Doc {number} (Title: {hop.entity}) {hop.fact}")
         texts.append(_answer(hops[-1].target))
     return texts
-
-
-def tokenizer_texts(world: World) -> list[str]:
-    """Everything the demo model will read or write in ``world``: its passages and questions,
-    the oracle's protocol phrases and the demo's prompts (the BPE tokenizer's training text)."""
-    texts = [text for _, text in world.passages] + [q.question for q in world.questions]
-    texts += protocol_texts([q.to_example() for q in world.questions])
-    return texts + list(DEMO_TEMPLATES.values())

@@ -1,0 +1,2 @@
+"""How trajectories for SFT are made: the synthetic and Wikipedia oracles, the questions they
+answer, and the protocol data built from them (`memsearcher.teach.protocol_data`)."""

@@ -1,0 +1,175 @@
+"""The protocol data: oracle trajectories that teach a model the agent protocol.
+
+The packaged SmolLM2-135M-Instruct never writes the agent protocol on its own. It learns it from
+oracle trajectories run through the real agents (MemSearcher and ReAct), the default prompts,
+SmolLM2's own chat template and a real BM25 index, so every mask and template token is what
+inference sees. Two sources:
+
+- synthetic worlds (`memsearcher.data.synthetic`), one per seed, so fictional names rarely
+  repeat and the model learns to copy names rather than recall them; the synthetic oracle
+  (`memsearcher.teach.oracle`) follows each question's chain of hops through what BM25 returns;
+- the embedded Wikipedia (`memsearcher.teach.wiki`): questions read off passages, answered by
+  the Wikipedia oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from memsearcher.agent import Templates, run_lockstep, start_episodes
+from memsearcher.data.synthetic import WorldConfig, generate_world, write_world
+from memsearcher.eval.metrics import exact_match
+from memsearcher.llm.base import SamplingParams, Tokenizer
+from memsearcher.llm.scripted import Reply, ScriptedLLM
+from memsearcher.retrieval.base import Retriever
+from memsearcher.teach.config import ProtocolDataConfig
+from memsearcher.teach.oracle import AGENTS, oracle_policy
+from memsearcher.teach.wiki import (
+    SENTENCE,
+    WikiQuestion,
+    overlaps_heldout,
+    read_heldout,
+    wiki_oracle,
+    wiki_questions,
+)
+from memsearcher.types import Hit, QAExample, Trajectory
+
+__all__ = ["ClippedRetriever", "build_protocol_data"]
+
+
+def build_protocol_data(
+    config: ProtocolDataConfig, out: str | Path, tokenizer: Tokenizer, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    """Write oracle trajectories of both agents to ``out`` (JSONL); return counts."""
+    from memsearcher.retrieval import open_retriever
+    from memsearcher.retrieval.bm25 import build_bm25
+    from memsearcher.retrieval.embedded import embedded_passages
+
+    rng = random.Random(config.seed)
+    templates = Templates()
+    kept: list[Trajectory] = []
+    stats: dict[str, Any] = {"worlds": config.worlds}
+    with tempfile.TemporaryDirectory(prefix="memsearcher-worlds-") as scratch:
+        for number in range(config.worlds):
+            world = generate_world(replace(WorldConfig(), seed=config.seed + 1000 + number))
+            paths = write_world(world, Path(scratch) / f"world-{number}")
+            index = build_bm25(paths["corpus"], Path(scratch) / f"index-{number}", overwrite=True)
+            train = [q.to_example() for q in world.split("train")]
+            for agent in AGENTS:
+                chosen = rng.sample(train, min(config.questions_per_world, len(train)))
+                kept += _oracle_run(agent, chosen, oracle_policy(chosen), tokenizer, index,
+                                    config, templates)  # fmt: skip
+            shutil.rmtree(Path(scratch) / f"index-{number}", ignore_errors=True)
+    stats["synthetic_trajectories"] = len(kept)
+
+    passages = [(p.title, p.text) for p in embedded_passages()]
+    candidates = wiki_questions(passages, set())
+    if config.heldout:
+        overlaps = overlaps_heldout(read_heldout(config.heldout))
+        candidates = [q for q in candidates if not overlaps(q)]
+    candidates = _balanced(candidates, config.wiki_questions, config.max_share, rng)
+    stats["wiki_candidates"] = len(candidates)
+    retriever = ClippedRetriever(open_retriever(None), config.passage_words)
+    wiki: list[Trajectory] = []
+    for agent in AGENTS:
+        examples = [q.to_example() for q in candidates]
+        wiki += _oracle_run(agent, examples, wiki_oracle(candidates), tokenizer, retriever,
+                            config, templates)  # fmt: skip
+    stats["wiki_trajectories"] = len(wiki)
+    stats["wiki_kinds"] = _count(t.example.metadata["kind"] for t in wiki)
+    kept += wiki
+    rng.shuffle(kept)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(out.name + ".tmp")
+    with staging.open("w", encoding="utf-8") as lines:
+        lines.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in kept)
+    staging.rename(out)
+    stats["trajectories"] = len(kept)
+    stats["sequences"] = sum(len(t.sequences) for t in kept)
+    stats["tokens"] = sum(len(s.input_ids) for t in kept for s in t.sequences)
+    stats["trained_tokens"] = sum(sum(s.loss_mask) for t in kept for s in t.sequences)
+    out.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2) + "\n", "utf-8")
+    echo(f"protocol data: {json.dumps(stats)}")
+    return stats
+
+
+class ClippedRetriever:
+    """A retriever whose passages are cut to their first sentences (at most ``words`` words):
+    the embedded Wikipedia's leads run to 500 characters, and on two CPU cores every token of
+    a tool response costs SFT time while teaching nothing (loss mask 0). The oracle needs the
+    answer's sentence in what it read, so a cut that drops it drops the trajectory."""
+
+    def __init__(self, retriever: Retriever, words: int) -> None:
+        self.retriever, self.words = retriever, words
+
+    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        found = self.retriever.search(queries, top_n)
+        if not self.words:
+            return found
+        return [[replace(hit, text=self.clip(hit.text)) for hit in hits] for hits in found]
+
+    def clip(self, text: str) -> str:
+        kept: list[str] = []
+        for sentence in SENTENCE.split(text):
+            if kept and len(" ".join(kept + [sentence]).split()) > self.words:
+                break
+            kept.append(sentence)
+        return " ".join(kept)
+
+
+def _oracle_run(
+    agent: str,
+    examples: Sequence[QAExample],
+    reply: Reply,
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    config: ProtocolDataConfig,
+    templates: Templates,
+) -> list[Trajectory]:
+    """The oracle's trajectories of ``agent``, keeping only those it answered right: a hop the
+    retriever missed leaves the oracle without the fact, and such a trajectory is dropped."""
+    llm = ScriptedLLM(tokenizer, reply)
+    episodes = start_episodes(agent, examples, tokenizer, config.agent, templates)
+    trajectories = run_lockstep(episodes, llm, retriever, SamplingParams())
+    return [
+        t
+        for t in trajectories
+        if t.end_reason == "answer"
+        and exact_match(t.answer or "", t.example.golden_answers)
+        and len(t.turns) > 1
+    ]
+
+
+def _balanced(
+    questions: list[WikiQuestion], count: int, max_share: float, rng: random.Random
+) -> list[WikiQuestion]:
+    """Up to ``count`` questions, no kind more than ``max_share`` of them, one per title."""
+    rng.shuffle(questions)
+    cap = max(1, int(count * max_share))
+    taken: dict[str, int] = {}
+    titles: set[str] = set()
+    out = []
+    for question in questions:
+        if taken.get(question.kind, 0) >= cap or question.title in titles:
+            continue
+        taken[question.kind] = taken.get(question.kind, 0) + 1
+        titles.add(question.title)
+        out.append(question)
+        if len(out) == count:
+            break
+    return out
+
+
+def _count(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
