@@ -8,6 +8,11 @@ over the same sequences with the same number of micro-batches; the naive one tak
 in rollout order, as a plain padded DataLoader would. Reported: padding share of processed
 tokens, and real (non-pad) tokens per second, best of ``--repeats``.
 
+Then the shared prompt prefix (``share_prefix``): the same micro-batches planned within each
+agent (whose sequences share a system prompt), run whole and with the prefix computed once per
+micro-batch, side by side; the ratio of their times is printed. Real tokens count every row's
+prompt, so both rows report the same work.
+
     python benchmarks/learner.py [--questions 24] [--budget 6144] [--model embedded|tiny]
 """
 
@@ -103,13 +108,27 @@ def main(argv: list[str] | None = None) -> None:
         f"{len(sequences)} sequences, {real} tokens (lengths {min(lengths)}..{max(lengths)}), "
         f"{len(ours)} micro-batches, model {args.model}, {torch.get_num_threads()} threads"
     )
-    for name, batches in (("bucketed", ours), ("naive", naive)):
-        seconds = time_pass(model, batches, args.repeats)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, sequence in enumerate(sequences):
+        groups.setdefault(sequence.input_ids[:64], []).append(index)
+    plans = [
+        plan
+        for group in groups.values()
+        for plan in plan_micro_batches(lengths, args.budget, [[i] for i in group])
+    ]
+    whole = [collate(sequences, plan, pad) for plan in plans]
+    shared = [collate(sequences, plan, pad, share_prefix=True) for plan in plans]
+    seconds: dict[str, float] = {}
+    rows = (("bucketed", ours), ("naive", naive), ("by agent", whole), ("shared", shared))
+    for name, batches in rows:
+        seconds[name] = time_pass(model, batches, args.repeats)
         processed = sum(b.padded_tokens for b in batches)
         print(
             f"{name:9s} padding {padding_share(batches):6.1%} of {processed} processed tokens; "
-            f"{real / seconds:8.0f} real tokens/s (fwd+bwd, {seconds:.2f}s)"
+            f"{real / seconds[name]:8.0f} real tokens/s (fwd+bwd, {seconds[name]:.2f}s)"
         )
+    ratio = seconds["shared"] / seconds["by agent"]
+    print(f"shared prefix / whole rows (same micro-batches): {ratio:.2f}x the time")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -12,8 +13,10 @@ from memsearcher.rl.batching import (
     collate,
     padding_share,
     plan_micro_batches,
+    response_logprobs,
     right_aligned,
     sequence_logprobs,
+    shared_prefix,
 )
 from memsearcher.rl.loss import token_logprobs
 from memsearcher.types import TokenSequence
@@ -139,3 +142,95 @@ def test_accumulated_gradient_equals_the_whole_mini_batch(
     for got, want in zip(gradient(), expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
     assert metrics["train/loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def prefixed_sequences(seed: int = 0, system: int = 40) -> list[TokenSequence]:
+    """Rows that start with one shared "system prompt", then prompts and responses of their own
+    of different lengths (so the rows are padded differently)."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(1, 1000) for _ in range(system)]
+    rows = []
+    for _ in range(5):
+        prompt = shared + [rng.randrange(1, 1000) for _ in range(rng.randint(1, 30))]
+        response = [rng.randrange(1, 1000) for _ in range(rng.randint(1, 25))]
+        mask = [rng.choice((0, 1, 1)) for _ in response]
+        rows.append(TokenSequence(tuple(prompt), tuple(response), tuple(mask)))
+    return rows
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_shared_prefix_computed_once_gives_the_whole_rows_logprobs_and_gradients(
+    tmp_path_factory: pytest.TempPathFactory, lora: bool
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny_model(tmp_path_factory.mktemp("tiny-prefix"))
+    model = AutoModelForCausalLM.from_pretrained(folder).train()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:  # a fresh adapter is zero: give the test something to see
+                torch.nn.init.normal_(parameter, std=0.05)
+    rows = prefixed_sequences()
+    whole = collate(rows, range(len(rows)), pad_id=0)
+    shared = collate(rows, range(len(rows)), pad_id=0, share_prefix=True)
+    assert shared.prefix == 40
+    assert shared.padded_tokens < whole.padded_tokens
+    results = []
+    for batch in (whole, shared):
+        logprobs = sequence_logprobs(model, batch)
+        logprobs.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        results.append((logprobs.detach(), grads))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4)
+
+    # negative control: a prefix one token past what the rows share changes the log-probs
+    wrong = dataclasses.replace(shared, prefix=shared.prefix + 1)
+    assert (sequence_logprobs(model, wrong).detach() - a).abs().max() > 1e-3
+
+
+def test_the_shared_prefix_stops_before_every_rows_last_prompt_token() -> None:
+    rows = prefixed_sequences(system=40)
+    short = TokenSequence(rows[0].prompt_ids[:20], (5, 6), (1, 1))  # a prompt inside the prefix
+    assert shared_prefix([*rows, short]) == 19
+    assert shared_prefix([rows[0], TokenSequence((999, 1, 2), (3,), (1,))]) == 0  # none shared
+    assert shared_prefix(rows) >= 40
+
+
+def test_on_policy_the_passes_own_logprobs_stand_for_the_old_ones(tiny: torch.nn.Module) -> None:
+    """With one update a step, `accumulate_gradients` without old log-probs (it takes its own,
+    detached) gives the gradient it gives with old log-probs recomputed from the same weights,
+    and a ratio of exactly 1; old log-probs off the current ones give another gradient."""
+    from memsearcher.rl.config import GRPOConfig
+    from memsearcher.rl.distributed import Runtime
+    from memsearcher.rl.train_grpo import accumulate_gradients
+
+    sequences = random_sequences(5, seed=4)
+    trajectory_ids = torch.arange(5)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.75])
+    config = GRPOConfig(beta=0.0, questions_per_step=4, mini_batch_questions=4)
+    one = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    micro = [collate(sequences, plan, pad_id=0) for plan in plan_micro_batches(
+        [len(s.input_ids) for s in sequences], 40)]  # fmt: skip
+    recomputed = response_logprobs(tiny, sequences, 40, pad_id=0)
+
+    def gradient(old: list[torch.Tensor] | None) -> tuple[list[torch.Tensor], dict[str, float]]:
+        metrics = accumulate_gradients(tiny, micro, old, None, advantages, trajectory_ids,
+                                       config, one)  # fmt: skip
+        grads = [p.grad.clone() for p in tiny.parameters()]  # type: ignore[union-attr]
+        tiny.zero_grad(set_to_none=True)
+        return grads, metrics
+
+    own, metrics = gradient(None)
+    assert metrics["train/ratio_mean"] == 1.0 and metrics["train/clip_fraction"] == 0.0
+    for a, b in zip(own, gradient(recomputed)[0], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    shifted = [value - 0.5 for value in recomputed]  # negative control: off-policy old ones
+    assert any((a - b).abs().max() > 1e-4 for a, b in zip(own, gradient(shifted)[0], strict=True))

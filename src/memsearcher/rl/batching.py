@@ -5,10 +5,18 @@ each micro-batch holds sequences of similar length and padding stays a small sha
 tokens processed (``benchmarks/learner.py`` measures it). Rows are left-padded, so every
 response ends at the last position and one ``logits_to_keep`` slice covers all of them: the
 logits (the biggest tensor by far, V per position) are computed for response positions only.
+
+With ``share_prefix``, the tokens every row of a micro-batch starts with (the system prompt,
+often more than half of a turn sequence) are computed once: one forward pass over that prefix
+fills a KV cache, repeated for every row, and the rows' own tokens attend to it at their own
+positions. Every token still sees exactly its own context, so the log-probs are those of the
+rows computed whole, to float rounding (`tests/test_batching.py`), and the gradient flows back
+through the shared cache into the prefix once.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +39,7 @@ __all__ = [
     "response_logprobs",
     "right_aligned",
     "sequence_logprobs",
+    "shared_prefix",
 ]
 
 
@@ -45,14 +54,19 @@ class MicroBatch:
     position_ids: torch.Tensor  # (B, L)
     targets: torch.Tensor  # (B, R): the last R tokens of each row
     loss_mask: torch.Tensor  # (B, R): 1 on the row's generated response tokens, else 0
+    prefix: int = 0
+    """How many leading tokens every row shares and `sequence_logprobs` computes once (0: none);
+    never more than the shortest prompt minus one, so every predicting position is a row's."""
 
     @property
     def real_tokens(self) -> int:
-        return int(self.attention_mask.sum().item())
+        """Tokens of the rows, the shared prefix counted once."""
+        return int(self.attention_mask.sum().item()) - self.prefix * (len(self.indices) - 1)
 
     @property
     def padded_tokens(self) -> int:
-        return int(self.attention_mask.numel())
+        """Tokens a forward pass computes, padding included, the shared prefix once."""
+        return int(self.attention_mask.numel()) - self.prefix * (len(self.indices) - 1)
 
 
 def plan_micro_batches(
@@ -92,8 +106,14 @@ def plan_micro_batches(
     return plans
 
 
-def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: int) -> MicroBatch:
-    """The sequences at ``indices`` as one left-padded micro-batch."""
+def collate(
+    sequences: Sequence[TokenSequence],
+    indices: Sequence[int],
+    pad_id: int,
+    share_prefix: bool = False,
+) -> MicroBatch:
+    """The sequences at ``indices`` as one left-padded micro-batch; with ``share_prefix``, its
+    ``prefix`` is the length of the tokens all rows start with (`shared_prefix`)."""
     rows = [sequences[i] for i in indices]
     width = max(len(s.input_ids) for s in rows)
     span = max(len(s.response_ids) for s in rows)
@@ -117,7 +137,20 @@ def collate(sequences: Sequence[TokenSequence], indices: Sequence[int], pad_id: 
         position_ids=position_ids,
         targets=input_ids[:, width - span :],
         loss_mask=loss_mask,
+        prefix=shared_prefix(rows) if share_prefix and len(rows) > 1 else 0,
     )
+
+
+def shared_prefix(rows: Sequence[TokenSequence], minimum: int = 16) -> int:
+    """The number of leading tokens all ``rows`` share, at most the shortest prompt minus one
+    (the last prompt token predicts the first response token, so it must be each row's own);
+    0 when that is under ``minimum`` tokens, too few to pay for a second forward pass."""
+    limit = min(len(row.prompt_ids) for row in rows) - 1
+    first = rows[0].input_ids
+    length = 0
+    while length < limit and all(row.input_ids[length] == first[length] for row in rows):
+        length += 1
+    return length if length >= minimum else 0
 
 
 def blank_batch(pad_id: int) -> MicroBatch:
@@ -156,14 +189,13 @@ def sequence_logprobs(
     # window column c of the last span + 1 hidden states predicts target c
     rows, cols = batch.loss_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
     rows, cols = rows.to(device), cols.to(device)
+    inputs = _prefixed(model, batch, compute) if batch.prefix else _whole(batch)
     logits = logits_at(
         model,
         rows,
         cols,
         compute,
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        position_ids=batch.position_ids.to(device),
+        **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
         logits_to_keep=span + 1,
     )  # (1, N, V)
     targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
@@ -173,6 +205,47 @@ def sequence_logprobs(
         per_token = entropy_from_logits(logits[0] / temperature)  # (N,)
         entropy.append(out.index_put((rows, cols), per_token.to(out.dtype)))
     return out.index_put((rows, cols), picked)
+
+
+def _whole(batch: MicroBatch) -> dict[str, Any]:
+    return {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+    }
+
+
+def _prefixed(model: Any, batch: MicroBatch, compute: str | None) -> dict[str, Any]:
+    """The model inputs of ``batch`` past its shared prefix, with that prefix's KV cache
+    (computed here, once, and repeated for every row) under the cache keyword of the model."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width, prefix = batch.input_ids.shape[1], batch.prefix
+    starts = width - batch.attention_mask.sum(dim=1)  # (B,): each row's first real column
+    first = int(starts.min())
+    prefix_ids = batch.input_ids[starts.argmin(), first : first + prefix][None]  # (1, P)
+    cache = DynamicCache(config=unwrap(model).config)
+    keyword = _cache_keyword(model)
+    with autocast(compute, device):
+        model(input_ids=prefix_ids.to(device), use_cache=True, logits_to_keep=1,
+              **{keyword: cache})  # fmt: skip
+    cache.batch_repeat_interleave(len(batch.indices))
+    # the rows' own tokens: columns first + prefix .. width, each row's prefix copy masked out
+    columns = torch.arange(first + prefix, width)  # (W,)
+    own = (columns[None, :] >= (starts + prefix)[:, None]).long()  # (B, W)
+    return {
+        "input_ids": batch.input_ids[:, first + prefix :],
+        "attention_mask": torch.cat([torch.ones(len(starts), prefix, dtype=own.dtype), own], 1),
+        "position_ids": batch.position_ids[:, first + prefix :],  # as in the whole rows
+        keyword: cache,
+    }
+
+
+def _cache_keyword(model: Any) -> str:
+    """transformers 5 names the forward's KV cache ``cache``; 4.x, ``past_key_values``."""
+    parameters = inspect.signature(unwrap(model).get_decoder().forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def logits_at(
@@ -213,12 +286,13 @@ def response_logprobs(
     pad_id: int,
     temperature: float = 1.0,
     compute: str | None = None,
+    share_prefix: bool = False,
 ) -> list[torch.Tensor]:
     """Per sequence, the (len(response),) log-probs of its response tokens, on the CPU."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     lengths = [len(s.input_ids) for s in sequences]
     for plan in plan_micro_batches(lengths, token_budget):
-        batch = collate(sequences, plan, pad_id)
+        batch = collate(sequences, plan, pad_id, share_prefix)
         logprobs = sequence_logprobs(model, batch, temperature, compute).float().cpu()  # (B, R)
         for row, index in enumerate(plan):
             out[index] = logprobs[row, logprobs.shape[1] - len(sequences[index].response_ids) :]
