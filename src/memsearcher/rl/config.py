@@ -14,7 +14,6 @@ from memsearcher.agent.base import AgentConfig
 from memsearcher.config import config_to_dict, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.schedules import SCHEDULES
-from memsearcher.teach.config import ProtocolDataConfig
 
 __all__ = [
     "ADVANTAGES",
@@ -22,7 +21,6 @@ __all__ = [
     "GRPOConfig",
     "ModelConfig",
     "OptimConfig",
-    "ProtocolDataConfig",
     "SFTConfig",
     "config_to_dict",
     "load_config",
@@ -163,6 +161,9 @@ class GRPOConfig:
     """Passes over each step's rollouts."""
     micro_batch_tokens: int = 16384
     """Padded tokens per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    share_prefix: bool = False
+    """Compute the tokens all sequences of a micro-batch start with (the system prompt) once
+    per micro-batch (`memsearcher.rl.batching`); exact to float rounding; one process only."""
     temperature: float = 1.0
     """Sampling temperature of rollouts and of the log-probabilities."""
     top_p: float = 1.0
@@ -248,6 +249,10 @@ class SFTConfig:
     """Turn sequences per optimizer update."""
     micro_batch_tokens: int = 16384
     """Padded tokens per forward/backward pass."""
+    share_prefix: bool = False
+    """Compute the tokens all sequences of a micro-batch start with (the system prompt) once
+    per micro-batch, sequences grouped by that prompt (`memsearcher.rl.batching`); exact to
+    float rounding; one process only."""
     log_every: int = 1
     """Steps between log lines."""
     save_every: int = 100
@@ -256,11 +261,6 @@ class SFTConfig:
     """Write TensorBoard events (needs the tensorboard package)."""
     max_sequence_tokens: int = 0
     """Drop sequences longer than this many tokens (0 keeps all)."""
-    build: ProtocolDataConfig | None = None
-    """When set, `train sft` first writes ``data`` with these oracle trajectories if that file
-    does not exist yet."""
-    export_adapter: str = ""
-    """When set, the final LoRA adapter is also written here (float16, with a model card)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))

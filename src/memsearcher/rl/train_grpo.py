@@ -108,6 +108,12 @@ def train_grpo(
     # free by switching its adapters off.
     lora = hasattr(model, "disable_adapter")
     gae = config.advantage == "gae"
+    on_policy = config.updates_per_step == 1 and not gae  # GAE's KL reward reads old log-probs
+    if config.share_prefix and runtime.world_size > 1:
+        raise MemSearcherError(
+            "share_prefix runs two forward passes per micro-batch, which DDP/FSDP cannot "
+            "synchronize; set share_prefix: false under distributed launch"
+        )
     needs_ref = config.beta > 0 or (gae and config.critic.kl_reward > 0)
     reference = frozen_copy(model, precision) if needs_ref and not lora else None
     llm = HFModel(model, hf_tokenizer, batch_size=config.model.rollout_batch_size)
@@ -127,7 +133,7 @@ def train_grpo(
                 f"{output / 'critic'}: the critic's last checkpoint is not of step {start}, the "
                 "policy's; resume from a step where both were saved"
             )
-    log = MetricsLog(output, runtime, config.tensorboard, echo)
+    log = MetricsLog(output, runtime, config.tensorboard, echo, start)
     log.config(config_to_dict(config))
     group = config.group_size
     per_rank = config.questions_per_step // runtime.world_size
@@ -173,12 +179,16 @@ def train_grpo(
         sequences, adv_all, traj_all = learner_sequences(trajectories, advantages, keep)
         lengths = [len(s.input_ids) for s in sequences]
 
-        # 4. Old log-probs from the current weights (as veRL), and reference log-probs.
-        with gathered(model):
-            old = response_logprobs(
-                model, sequences, config.micro_batch_tokens, pad_id, config.temperature,
-                precision.compute,
-            )  # fmt: skip
+        # 4. Old log-probs from the current weights (as veRL), and reference log-probs. With
+        # one update a step, the old weights are the ones being updated: the update's own
+        # log-probs, detached, are the old ones, and a forward pass is saved.
+        old: list[torch.Tensor] | None = None
+        if not on_policy:
+            with gathered(model):
+                old = response_logprobs(
+                    model, sequences, config.micro_batch_tokens, pad_id, config.temperature,
+                    precision.compute, config.share_prefix,
+                )  # fmt: skip
         ref: list[torch.Tensor] | None = None
         if needs_ref:
             with gathered(model), model.disable_adapter() if lora else nullcontext():
@@ -189,6 +199,7 @@ def train_grpo(
                     pad_id,
                     config.temperature,
                     precision.compute,
+                    config.share_prefix,
                 )
         per_token: list[torch.Tensor] | torch.Tensor = adv_all
         if gae:  # PPO: per-token advantages and returns from the critic's values
@@ -196,6 +207,7 @@ def train_grpo(
                 values = response_values(
                     critic, sequences, config.micro_batch_tokens, pad_id, precision.compute
                 )
+            assert old is not None  # GAE is never on_policy: its KL reward reads them
             per_token, returns, reward_parts = gae_targets(
                 sequences, traj_all, rewards, values, config.critic, old, ref
             )
@@ -338,13 +350,13 @@ def learner_batches(
         return [blank_batch(pad_id)]
     units = _units(members, trajectory_ids.tolist(), config.aggregation)
     plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
-    return [collate(sequences, plan, pad_id) for plan in plans]
+    return [collate(sequences, plan, pad_id, config.share_prefix) for plan in plans]
 
 
 def accumulate_gradients(
     learner: Any,
     batches: list[MicroBatch],
-    old: list[torch.Tensor],
+    old: list[torch.Tensor] | None,
     ref: list[torch.Tensor] | None,
     advantages: torch.Tensor | list[torch.Tensor],
     trajectory_ids: torch.Tensor,
@@ -358,7 +370,8 @@ def accumulate_gradients(
     mini-batch; returns the loss metrics weighted the same way (their mean over ranks is the
     mini-batch's). Every rank must call this.
 
-    ``old``/``ref``: per sequence, response log-probs; ``trajectory_ids``: (S,);
+    ``old``/``ref``: per sequence, response log-probs (``old`` None: on-policy, the pass's own
+    log-probs, detached, so the ratio is exactly 1); ``trajectory_ids``: (S,);
     ``advantages``: (S,), one per sequence (GRPO), or per sequence its response's (PPO).
     With ``config.entropy_coef`` > 0 the loss subtracts that times the aggregated entropy.
     """
@@ -393,7 +406,7 @@ def accumulate_gradients(
                 batch_advantages = right_aligned(advantages, batch)  # (B, R)
             loss, parts = policy_loss(
                 logprobs,
-                right_aligned(old, batch).to(device),
+                logprobs.detach() if old is None else right_aligned(old, batch).to(device),
                 batch_advantages.to(device),
                 batch.loss_mask.to(device),
                 config.clip_low,

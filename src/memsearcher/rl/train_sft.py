@@ -54,11 +54,33 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
     return out
 
 
+PROMPT_KEY_TOKENS = 64
+"""Sequences whose first this many tokens agree share a system prompt (and one agent)."""
+
+
+def _prompt_groups(
+    sequences: list[TokenSequence], chosen: list[int], share_prefix: bool
+) -> list[list[int]]:
+    """``chosen`` as one group, or with ``share_prefix`` grouped by their opening tokens, so
+    that each micro-batch holds sequences that start alike (one agent's system prompt)."""
+    if not share_prefix:
+        return [chosen]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index in chosen:
+        groups.setdefault(sequences[index].input_ids[:PROMPT_KEY_TOKENS], []).append(index)
+    return list(groups.values())
+
+
 def train_sft(
     config: SFTConfig, resume: bool = False, echo: Callable[[str], None] | None = None
 ) -> Any:
     """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     runtime = init_runtime(config.model.device)
+    if config.share_prefix and runtime.world_size > 1:
+        raise MemSearcherError(
+            "share_prefix runs two forward passes per micro-batch, which DDP/FSDP cannot "
+            "synchronize; set share_prefix: false under distributed launch"
+        )
     if config.sequences_per_step % runtime.world_size:
         raise MemSearcherError(
             f"sequences_per_step ({config.sequences_per_step}) must split evenly over "
@@ -88,7 +110,7 @@ def train_sft(
     )
     scheduler = make_scheduler(optimizer, config.optim, total_steps)
     start = resume_step(output, resume, model, optimizer, scheduler, runtime)
-    log = MetricsLog(output, runtime, config.tensorboard, echo)
+    log = MetricsLog(output, runtime, config.tensorboard, echo, start)
     log.config(config_to_dict(config))
     bar = tqdm(total=total_steps, initial=start, disable=not runtime.is_main, desc="sft")
     model.train()
@@ -103,12 +125,16 @@ def train_sft(
         )
         mine = chosen[runtime.rank :: runtime.world_size]
         lengths = {i: len(sequences[i].input_ids) for i in mine}
-        plans = plan_micro_batches(
-            [lengths.get(i, 0) for i in range(len(sequences))],
-            config.micro_batch_tokens,
-            [[i] for i in mine],
-        )
-        batches = [collate(sequences, plan, pad_id) for plan in plans]
+        plans = [
+            plan
+            for group in _prompt_groups(sequences, mine, config.share_prefix)
+            for plan in plan_micro_batches(
+                [lengths.get(i, 0) for i in range(len(sequences))],
+                config.micro_batch_tokens,
+                [[i] for i in group],
+            )
+        ]
+        batches = [collate(sequences, plan, pad_id, config.share_prefix) for plan in plans]
         batches = even_out(batches, learner, runtime)
         tokens = sum(float(b.loss_mask.sum()) for b in batches)
         nll = 0.0
