@@ -119,9 +119,11 @@ def test_grpo_two_steps_then_resume_from_step_one(
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(full / "step-1", resumed / "step-1")
+    # as a run killed after logging step 2 but before saving it leaves the log
+    shutil.copyfile(full / "metrics.jsonl", resumed / "metrics.jsonl")
     config = grpo_config(tiny, questions, resumed, f"reward={length_reward}")
     train_grpo(config, resume=True)
-    assert [m["step"] for m in read_metrics(resumed)] == [2]
+    assert [m["step"] for m in read_metrics(resumed)] == [1, 2]  # step 2 once, not twice
     assert_same_weights(full / "step-2", resumed / "step-2")
     state = json.loads((resumed / "step-2" / "state.json").read_text())
     assert state["step"] == 2
@@ -233,6 +235,22 @@ def test_sft_two_steps_then_resume_from_step_one(
     shutil.copytree(full / "step-1", resumed / "step-1")
     train_sft(sft_config(tiny, replay_trajectories, resumed), resume=True)
     assert_same_weights(full / "step-2", resumed / "step-2")
+
+
+def test_a_resumed_log_is_cut_back_to_its_step_and_a_torn_line_ends_it(tmp_path: Path) -> None:
+    from memsearcher.rl.distributed import Runtime
+    from memsearcher.rl.metrics_log import MetricsLog
+
+    one = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3)))
+    MetricsLog(tmp_path, one, tensorboard=False, start=2)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+    log.write_text(json.dumps({"step": 1}) + '\n{"step": 2, "x"\n' + json.dumps({"step": 2}))
+    MetricsLog(tmp_path, one, tensorboard=False, start=5)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1]
+    MetricsLog(tmp_path, one, tensorboard=False, start=0)  # a fresh run leaves the file be
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1]
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(

@@ -30,7 +30,12 @@ LINE_KEYS = (
 
 
 class MetricsLog:
-    """Rank 0 writes ``metrics.jsonl``, TensorBoard events and one compact line per step."""
+    """Rank 0 writes ``metrics.jsonl``, TensorBoard events and one compact line per step.
+
+    A run resumed from step ``start`` first cuts the log back to that step: a run that died
+    after logging steps it never saved would otherwise leave them twice (TensorBoard's events
+    of those steps are purged the same way).
+    """
 
     def __init__(
         self,
@@ -38,18 +43,37 @@ class MetricsLog:
         runtime: Runtime,
         tensorboard: bool,
         echo: Callable[[str], None] | None = None,
+        start: int = 0,
     ) -> None:
         self.enabled = runtime.is_main
         self.echo = echo or logger.info
         self.path = Path(output_dir) / "metrics.jsonl"
         self.writer: Any = None
+        if self.enabled and start > 0 and self.path.is_file():
+            self._cut_back(start)
         if self.enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 logger.warning("tensorboard is not installed; skipping events")
             else:
-                self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+                purge = {"purge_step": start + 1} if start > 0 else {}
+                self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"), **purge)
+
+    def _cut_back(self, start: int) -> None:
+        """Keep the lines of steps up to ``start``; a torn or foreign line ends the kept part."""
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                break
+            if not isinstance(step, int) or step > start:
+                break
+            kept.append(line + "\n")
+        staging = self.path.with_name(self.path.name + ".tmp")
+        staging.write_text("".join(kept), encoding="utf-8")
+        staging.replace(self.path)
 
     def config(self, config: Mapping[str, Any]) -> None:
         if self.enabled:
