@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from memsearcher.rl.batching import collate
 from memsearcher.rl.config import GRPOConfig
 from memsearcher.rl.distributed import init_runtime, wrap_for_training
-from memsearcher.rl.train_grpo import accumulate_gradients
+from memsearcher.rl.learner import accumulate_gradients
 
 SHARDS = [[0], [1, 2, 3, 4, 5]]
 TRAJECTORY_IDS = torch.tensor([0, 1, 1, 2, 3, 3])

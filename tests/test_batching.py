@@ -103,8 +103,8 @@ def test_accumulated_gradient_equals_the_whole_mini_batch(
     sequence, so a wrong weight would show."""
     from memsearcher.rl.config import GRPOConfig
     from memsearcher.rl.distributed import Runtime
+    from memsearcher.rl.learner import _units, accumulate_gradients
     from memsearcher.rl.loss import policy_loss
-    from memsearcher.rl.train_grpo import _units, accumulate_gradients
 
     sequences = random_sequences(6, seed=3)
     trajectory_ids = torch.tensor([0, 0, 1, 2, 2, 2])
@@ -210,7 +210,7 @@ def test_on_policy_the_passes_own_logprobs_stand_for_the_old_ones(tiny: torch.nn
     and a ratio of exactly 1; old log-probs off the current ones give another gradient."""
     from memsearcher.rl.config import GRPOConfig
     from memsearcher.rl.distributed import Runtime
-    from memsearcher.rl.train_grpo import accumulate_gradients
+    from memsearcher.rl.learner import accumulate_gradients
 
     sequences = random_sequences(5, seed=4)
     trajectory_ids = torch.arange(5)

@@ -8,10 +8,21 @@ carries the trajectory's advantage unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 
-__all__ = ["broadcast_to_turns", "degenerate_groups", "group_advantages"]
+__all__ = ["broadcast_to_turns", "degenerate_groups", "group_advantages", "question_of"]
+
+
+Index = TypeVar("Index", int, torch.Tensor)
+
+
+def question_of(trajectory: Index, group_size: int) -> Index:
+    """The question each trajectory answers. Rollouts lay out the G trajectories of a question
+    in adjacent rows, so trajectory j answers question j // G: the layout every grouped
+    function here (``view(-1, G)``) and every loop assumes."""
+    return trajectory // group_size
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

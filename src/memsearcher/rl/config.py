@@ -162,8 +162,13 @@ class GRPOConfig:
     micro_batch_tokens: int = 16384
     """Padded tokens per forward/backward pass (gradient accumulation inside a mini-batch)."""
     share_prefix: bool = False
-    """Compute the tokens all sequences of a micro-batch start with (the system prompt) once
-    per micro-batch (`memsearcher.rl.batching`); exact to float rounding; one process only."""
+    """Compute the tokens all sequences of a micro-batch, or all prompts of a rollout batch,
+    start with (the system prompt) once (`memsearcher.rl.batching`, `memsearcher.llm.decode`);
+    exact to float rounding; one process only."""
+    reuse_logprobs: bool = False
+    """With one update a step (GRPO), take the update's own log-probs, detached, as the old
+    ones instead of recomputing them from the same weights in a pass of their own: equal to
+    float rounding, one forward pass fewer."""
     temperature: float = 1.0
     """Sampling temperature of rollouts and of the log-probabilities."""
     top_p: float = 1.0

@@ -1,6 +1,6 @@
 """PPO's critic inside the trainer (``advantage: gae``, MEM1's algorithm).
 
-`train_grpo` runs the same loop for both estimators; with GAE three things change, all here:
+`train_ppo` runs GRPO's rollouts and learner with three changes, all here:
 
 - `response_values`: the critic's value of every response token of every turn sequence, before
   the update (the "old" values);
@@ -68,7 +68,7 @@ def gae_targets(
     """Per sequence, (len(response),) advantages and returns, and reward metrics.
 
     ``trajectory_ids``: (S,), the trajectory of each sequence, a trajectory's sequences
-    adjacent and in turn order (`train_grpo.learner_sequences`); ``scores``: one reward per
+    adjacent and in turn order (`learner.learner_sequences`); ``scores``: one reward per
     trajectory, indexed by those ids. ``old``/``ref``: response log-probs, for the KL penalty
     ``config.kl_reward * (old - ref)`` on every action token (MEM1: 0.001).
     """
