@@ -37,3 +37,25 @@ def test_a_seeded_generator_repeats_its_draws() -> None:
     first = sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3))
     again = sample_next(logits, 1.0, generator=torch.Generator().manual_seed(3))
     assert torch.equal(first, again)
+
+
+def test_a_shared_prompt_prefix_computed_once_decodes_the_same_tokens(llm) -> None:  # type: ignore[no-untyped-def]
+    """The real SmolLM2 checkpoint on MemSearcher's real first prompts (the system prompt is
+    shared, the questions are not, and their lengths differ): greedy decoding gives the same
+    tokens with the prefix computed once as with every prompt whole."""
+    from memsearcher.agent import AgentConfig, start_episodes
+    from memsearcher.llm.base import SamplingParams
+    from memsearcher.llm.decode import _shared_length, decode
+    from memsearcher.types import QAExample
+
+    questions = ["Who wrote Hamlet?", "Of which country is Oslo the capital?", "Who painted it?"]
+    examples = [QAExample(str(i), q, ("x",)) for i, q in enumerate(questions)]
+    episodes = start_episodes("memsearcher", examples, llm.tokenizer, AgentConfig())
+    prompts = [list(e.next_request().prompt_ids) for e in episodes]  # type: ignore[union-attr]
+    assert _shared_length(prompts) > 300  # the system prompt and the question's opening tag
+    assert _shared_length(prompts[:1]) == 0 and _shared_length([[1] * 20, [2] * 20]) == 0
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    eos, pad = llm.tokenizer.eos_token_ids, llm.tokenizer.pad_token_id
+    whole = decode(llm.model, prompts, params, eos, pad, lambda _: False)
+    shared = decode(llm.model, prompts, params, eos, pad, lambda _: False, share_prefix=True)
+    assert shared == whole and sum(len(row) for row in whole) > 30

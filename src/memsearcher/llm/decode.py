@@ -12,6 +12,11 @@ Written out rather than calling transformers' ``generate`` for two reasons:
   ``generation_config`` (Qwen2.5-Instruct: repetition penalty 1.05, top_k 20). Here the next
   token is drawn from exactly softmax(logits / T) within the top-p nucleus (`sample_next`),
   the distribution the trainer's log-probs model.
+
+With ``share_prefix``, the tokens every prompt of the batch starts with (the system prompt, most
+of an agent's action prompt) are computed once and their KV cache repeated for every row, as
+the learner does (`memsearcher.rl.batching`); each row's own tokens follow at their own
+positions, so the logits are those of the whole prompts to float rounding.
 """
 
 from __future__ import annotations
@@ -55,27 +60,35 @@ def decode(
     eos_ids: Collection[int],
     pad_id: int,
     stopped: Callable[[list[int]], bool],
+    share_prefix: bool = False,
 ) -> list[list[int]]:
     """The tokens generated for each prompt (one left-padded batch): each row ends with an EOS
     token, with the token after which ``stopped(tokens)`` holds, or at ``max_new_tokens``."""
     from transformers import DynamicCache
 
     device = model.device
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError("cannot generate from an empty prompt")
-        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
-        attention_mask[row, width - len(prompt) :] = 1
-    # positions as transformers' generate counts them under left padding
-    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("cannot generate from an empty prompt")
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
     kv = DynamicCache(config=model.config)
     cache = {_cache_argument(model): kv}
+    shared = _shared_length(prompts) if share_prefix else 0
+    if shared:  # the shared prefix once, its cache repeated for every row
+        prefix = torch.tensor([list(prompts[0][:shared])], device=device)
+        model(input_ids=prefix, use_cache=True, **cache, logits_to_keep=1)
+        kv.batch_repeat_interleave(len(prompts))
+    width = max(len(p) for p in prompts) - shared
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+    attention_mask[:, :shared] = 1
+    for row, prompt in enumerate(prompts):
+        own = list(prompt[shared:])
+        input_ids[row, width - len(own) :] = torch.tensor(own)
+        attention_mask[row, shared + width - len(own) :] = 1
+    # positions as transformers' generate counts them under left padding
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, shared:]  # (B, L)
     attention_mask = attention_mask.to(device)
     last = positions[:, -1].to(device)  # (A,)
     output = model(
@@ -113,6 +126,23 @@ def decode(
             **cache,
         )
     return generated
+
+
+SHARED_MINIMUM = 16
+"""Fewer shared tokens than this are not worth a forward pass of their own."""
+
+
+def _shared_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all ``prompts`` share, short of the shortest one's last token
+    (whose logits start its generation); 0 below `SHARED_MINIMUM` or for a single prompt."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length if length >= SHARED_MINIMUM else 0
 
 
 def _cache_argument(model: Any) -> str:

@@ -155,16 +155,25 @@ class HFModel:
     stays small; results come back in the caller's order.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, batch_size: int = 32, share_prefix: bool = False
+    ) -> None:
         self.model = model
         extra_eos = model.generation_config.eos_token_id
         extra_eos = [extra_eos] if isinstance(extra_eos, int) else list(extra_eos or [])
         self._tokenizer = HFTokenizer(tokenizer, extra_eos)
         self.batch_size = batch_size
+        self.share_prefix = share_prefix
+        """Compute the prompt prefix a batch shares once (`memsearcher.llm.decode`)."""
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, device: str = "auto", dtype: str = "auto", batch_size: int = 32
+        cls,
+        name_or_path: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int = 32,
+        share_prefix: bool = False,
     ) -> HFModel:
         """Load an HF folder or hub id (hub ids need network access, which tests never have)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -182,7 +191,7 @@ class HFModel:
             raise MemSearcherError(f"cannot load model {name_or_path!r}: {error}") from error
         model.to(target)  # type: ignore[arg-type]  # transformers wraps .to for PreTrainedModel
         model.eval()
-        return cls(model, tokenizer, batch_size=batch_size)
+        return cls(model, tokenizer, batch_size=batch_size, share_prefix=share_prefix)
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -223,7 +232,7 @@ class HFModel:
             return any(s in tail for s in params.stop)
 
         eos, pad = self._tokenizer.eos_token_ids, self._tokenizer.pad_token_id
-        generated = decode(self.model, prompts, params, eos, pad, stopped)
+        generated = decode(self.model, prompts, params, eos, pad, stopped, self.share_prefix)
         return [self._finish(row, params) for row in generated]
 
     def _finish(self, tokens: list[int], params: SamplingParams) -> Completion:
