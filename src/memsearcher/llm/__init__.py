@@ -6,6 +6,7 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, Completion, SamplingParams, Tokenizer
+from memsearcher.llm.tokenizer import load_tokenizer
 
 __all__ = ["LLM", "Completion", "SamplingParams", "Tokenizer", "load_llm", "load_tokenizer"]
 
@@ -49,21 +50,3 @@ def load_llm(
 
         return VLLMModel.from_pretrained(path, gpu_memory=options.get("gpu_memory", 0.85))
     raise MemSearcherError(f"unknown backend {backend!r}; choose one of: hf, openai, vllm")
-
-
-def load_tokenizer(path: str) -> Tokenizer:
-    """A model folder's tokenizer, with the EOS ids of its generation config."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    from memsearcher.llm.hf import HFTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except OSError as error:
-        raise MemSearcherError(f"cannot load the tokenizer of {path!r}: {error}") from error
-    try:
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:
-        eos = None
-    extra = [eos] if isinstance(eos, int) else list(eos or [])
-    return HFTokenizer(tokenizer, extra)

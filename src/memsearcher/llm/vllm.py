@@ -55,7 +55,7 @@ class VLLMModel:
         **engine_options: Any,
     ) -> VLLMModel:
         """Start a vLLM engine on ``path`` (an HF folder or hub id)."""
-        from memsearcher.llm import load_tokenizer
+        from memsearcher.llm.tokenizer import load_tokenizer
 
         vllm = _vllm()
         engine = vllm.LLM(
