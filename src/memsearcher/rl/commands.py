@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -13,7 +11,7 @@ from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_co
 
 _TRAINERS: dict[str, tuple[type[GRPOConfig] | type[SFTConfig], str]] = {
     "grpo": (GRPOConfig, "multi-context GRPO with the agent in the loop"),
-    "ppo": (GRPOConfig, "PPO with a critic (MEM1's algorithm): the GRPO loop with advantage=gae"),
+    "ppo": (GRPOConfig, "PPO with a critic (MEM1's algorithm): GRPO's config with advantage=gae"),
     "sft": (SFTConfig, "supervised fine-tuning on trajectory JSONL (distillation baseline)"),
 }
 
@@ -46,38 +44,23 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config_class, _ = _TRAINERS[args.trainer]
-    # ppo is grpo with the critic's advantage; a preset or an override may say so again
+    # ppo's config is grpo's with the critic's advantage; a preset or an override may say so
     overrides = ["advantage=gae", *args.overrides] if args.trainer == "ppo" else args.overrides
     config: GRPOConfig | SFTConfig = load_config(config_class, args.config, overrides)
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
-    if isinstance(config, GRPOConfig):
+    if isinstance(config, GRPOConfig) and config.advantage == "gae":
+        from memsearcher.rl.train_ppo import train_ppo
+
+        train_ppo(config, resume=args.resume, echo=tqdm.write)
+    elif isinstance(config, GRPOConfig):
         from memsearcher.rl.train_grpo import train_grpo
 
         train_grpo(config, resume=args.resume, echo=tqdm.write)
     else:
-        assert isinstance(config, SFTConfig)
-        _train_sft(config, args.resume)
+        from memsearcher.rl.train_sft import train_sft
+
+        train_sft(config, resume=args.resume, echo=tqdm.write)
     print(f"checkpoints in {config.output_dir}")
     return 0
-
-
-def _train_sft(config: SFTConfig, resume: bool) -> None:
-    """SFT, with the protocol data built first and the adapter exported after, if asked."""
-    from memsearcher.rl.train_sft import train_sft
-
-    if config.build is not None and not Path(config.data).is_file():
-        from memsearcher.llm import load_tokenizer
-        from memsearcher.llm.embedded import resolve_model
-        from memsearcher.teach.protocol_data import build_protocol_data
-
-        tokenizer = load_tokenizer(resolve_model(config.model.path))
-        build_protocol_data(config.build, config.data, tokenizer, tqdm.write)
-    started = time.perf_counter()
-    train_sft(config, resume=resume, echo=tqdm.write)
-    if config.export_adapter:
-        from memsearcher.rl.export import export_trained_adapter
-
-        folder = export_trained_adapter(config, time.perf_counter() - started)
-        print(f"adapter written to {folder}")
