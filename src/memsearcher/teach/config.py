@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from memsearcher.agent.base import AgentConfig
 from memsearcher.config import require
+from memsearcher.teach.oracle import TeacherFlaws
 
 __all__ = ["ProtocolDataConfig"]
 
@@ -29,8 +30,18 @@ class ProtocolDataConfig:
     heldout: str = ""
     """A FlashRAG file of held-out questions: passages with their ``metadata.title`` are never
     used for training questions ("" excludes none)."""
+    test_share: float = 0.25
+    """Share of the Wikipedia questions' starting entities held out as the test split."""
+    rl_share: float = 0.35
+    """Share of the starting entities kept for GRPO (the rl split); the rest is SFT's."""
+    early_answer: float = 0.0
+    """The teacher's chance of answering a multi-hop question with the entity a partly read
+    chain has reached (`TeacherFlaws.early_answer`); 0: never."""
+    category_query: float = 0.0
+    """The Wikipedia teacher's chance of searching the answer's category first and copying
+    what came back (`TeacherFlaws.category_query`); 0: never."""
     seed: int = 0
-    """Seeds the worlds and the draws."""
+    """Seeds the worlds, the splits and the draws."""
     agent: AgentConfig = field(
         default_factory=lambda: AgentConfig(
             max_turns=4, memory_tokens=128, max_new_tokens=128, top_n=3
@@ -43,3 +54,12 @@ class ProtocolDataConfig:
         require(self, "questions_per_world", self.questions_per_world >= 0, ">= 0")
         require(self, "wiki_questions", self.wiki_questions >= 0, ">= 0")
         require(self, "max_share", 0 < self.max_share <= 1, "in (0, 1]")
+        for name in ("test_share", "rl_share", "early_answer", "category_query"):
+            require(self, name, 0 <= getattr(self, name) <= 1, "in [0, 1]")
+        require(self, "rl_share", self.test_share + self.rl_share <= 1,
+                "at most 1 - test_share")  # fmt: skip
+
+    @property
+    def flaws(self) -> TeacherFlaws:
+        """The teachers' flaws, drawn with this config's seed."""
+        return TeacherFlaws(self.early_answer, self.category_query, self.seed)

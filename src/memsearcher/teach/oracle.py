@@ -67,6 +67,10 @@ class TeacherFlaws:
     early_answer: float = 0.0
     """Chance, at each turn where part of a chain is read but not all of it, of answering
     with the last entity read instead of searching on."""
+    category_query: float = 0.0
+    """Chance that the first search of a question asks for the answer's category ("nationality",
+    "composer") instead of its entity, and the answer is then copied from what came back (the
+    Wikipedia teacher, `memsearcher.teach.wiki`; the synthetic one has no categories)."""
     seed: int = 0
     """Seeds the draws."""
 
@@ -74,6 +78,12 @@ class TeacherFlaws:
         if not self.early_answer or hops_read == 0:
             return False
         return random.Random(f"{self.seed}|{question}|{hops_read}").random() < self.early_answer
+
+    def queries_category(self, question: str) -> bool:
+        if not self.category_query:
+            return False
+        draw = random.Random(f"{self.seed}|{question}|category").random()
+        return draw < self.category_query
 
 
 def oracle_policy(examples: Sequence[QAExample], flaws: TeacherFlaws = TeacherFlaws()) -> Reply:

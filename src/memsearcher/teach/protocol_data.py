@@ -19,11 +19,11 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from memsearcher.agent import Templates, run_lockstep, start_episodes
+from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.data.synthetic import WorldConfig, generate_world, write_world
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams, Tokenizer
@@ -36,23 +36,38 @@ from memsearcher.teach.wiki import (
     WikiQuestion,
     overlaps_heldout,
     read_heldout,
+    split_questions,
     wiki_oracle,
     wiki_questions,
 )
 from memsearcher.types import Hit, QAExample, Trajectory
 
-__all__ = ["ClippedRetriever", "build_protocol_data"]
+__all__ = ["ClippedRetriever", "answerable", "build_protocol_data", "flaw_rates", "wiki_splits"]
+
+
+def wiki_splits(config: ProtocolDataConfig) -> dict[str, list[WikiQuestion]]:
+    """The embedded Wikipedia's questions, less those that touch the held-out file, split by
+    starting entity (`split_questions`)."""
+    from memsearcher.retrieval.embedded import embedded_passages
+
+    candidates = wiki_questions([(p.title, p.text) for p in embedded_passages()])
+    if config.heldout:
+        overlaps = overlaps_heldout(read_heldout(config.heldout))
+        candidates = [q for q in candidates if not overlaps(q)]
+    return split_questions(candidates, (config.test_share, config.rl_share), config.seed)
 
 
 def build_protocol_data(
     config: ProtocolDataConfig, out: str | Path, tokenizer: Tokenizer, echo: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Write oracle trajectories of both agents to ``out`` (JSONL); return counts."""
+    """Write the teachers' trajectories of both agents to ``out`` (JSONL): the synthetic
+    worlds' and the train split of the Wikipedia questions (`wiki_splits`). Return counts,
+    with the flaw rates the data show (also written beside ``out`` as ``.stats.json``)."""
     from memsearcher.retrieval import open_retriever
     from memsearcher.retrieval.bm25 import build_bm25
-    from memsearcher.retrieval.embedded import embedded_passages
 
     rng = random.Random(config.seed)
+    flaws = config.flaws
     templates = Templates()
     kept: list[Trajectory] = []
     stats: dict[str, Any] = {"worlds": config.worlds}
@@ -64,26 +79,27 @@ def build_protocol_data(
             train = [q.to_example() for q in world.split("train")]
             for agent in AGENTS:
                 chosen = rng.sample(train, min(config.questions_per_world, len(train)))
-                kept += _oracle_run(agent, chosen, oracle_policy(chosen), tokenizer, index,
-                                    config, templates)  # fmt: skip
+                replies = (oracle_policy(chosen), oracle_policy(chosen, flaws))
+                kept += _taught(agent, chosen, replies, tokenizer, index, config, templates)
             shutil.rmtree(Path(scratch) / f"index-{number}", ignore_errors=True)
     stats["synthetic_trajectories"] = len(kept)
 
-    passages = [(p.title, p.text) for p in embedded_passages()]
-    candidates = wiki_questions(passages, set())
-    if config.heldout:
-        overlaps = overlaps_heldout(read_heldout(config.heldout))
-        candidates = [q for q in candidates if not overlaps(q)]
-    candidates = _balanced(candidates, config.wiki_questions, config.max_share, rng)
+    wiki_train = wiki_splits(config)["train"]
+    bridges = [q for q in wiki_train if len(q.chain) > 1]  # few, and what GRPO improves: all
+    one_hop = [q for q in wiki_train if len(q.chain) == 1]
+    candidates = bridges + _balanced(
+        one_hop, config.wiki_questions - len(bridges), config.max_share, rng
+    )
     stats["wiki_candidates"] = len(candidates)
     retriever = ClippedRetriever(open_retriever(None), config.passage_words)
     wiki: list[Trajectory] = []
     for agent in AGENTS:
         examples = [q.to_example() for q in candidates]
-        wiki += _oracle_run(agent, examples, wiki_oracle(candidates), tokenizer, retriever,
-                            config, templates)  # fmt: skip
+        replies = (wiki_oracle(candidates), wiki_oracle(candidates, flaws))
+        wiki += _taught(agent, examples, replies, tokenizer, retriever, config, templates)
     stats["wiki_trajectories"] = len(wiki)
     stats["wiki_kinds"] = _count(t.example.metadata["kind"] for t in wiki)
+    stats["flaws"] = {"stated": asdict(flaws), "measured": flaw_rates(wiki)}
     kept += wiki
     rng.shuffle(kept)
     out = Path(out)
@@ -99,6 +115,47 @@ def build_protocol_data(
     out.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2) + "\n", "utf-8")
     echo(f"protocol data: {json.dumps(stats)}")
     return stats
+
+
+def answerable(
+    questions: Sequence[WikiQuestion],
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    agent: AgentConfig,
+) -> list[WikiQuestion]:
+    """The ``questions`` the ideal teacher answers right as MemSearcher through ``retriever``
+    with the settings ``agent``: every hop's passage comes back when its entity is searched."""
+    llm = ScriptedLLM(tokenizer, wiki_oracle(questions))
+    episodes = start_episodes("memsearcher", [q.to_example() for q in questions], tokenizer, agent)
+    trajectories = run_lockstep(episodes, llm, retriever, SamplingParams())
+    return [
+        question
+        for question, trajectory in zip(questions, trajectories, strict=True)
+        if trajectory.end_reason == "answer"
+        and exact_match(trajectory.answer or "", trajectory.example.golden_answers)
+    ]
+
+
+def flaw_rates(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """How often the Wikipedia teacher's flaws show in its ``trajectories``: the share whose
+    first search asked for the answer's category, and, among the two-hop ones that did not,
+    the share answered with the bridge entity after the first hop; with the counts behind each."""
+    astray = [_first_query(t) == t.example.metadata["category"] for t in trajectories]
+    bridged = [
+        t.answer == t.example.metadata["chain"][0]["answer"]
+        for t, lost in zip(trajectories, astray, strict=True)
+        if t.example.metadata["hops"] == 2 and not lost
+    ]
+    return {
+        "category_query": sum(astray) / max(len(astray), 1),
+        "trajectories": len(astray),
+        "early_answer": sum(bridged) / max(len(bridged), 1),
+        "two_hop_trajectories": len(bridged),
+    }
+
+
+def _first_query(trajectory: Trajectory) -> str | None:
+    return next((turn.query for turn in trajectory.turns if turn.query), None)
 
 
 class ClippedRetriever:
@@ -125,7 +182,35 @@ class ClippedRetriever:
         return " ".join(kept)
 
 
-def _oracle_run(
+def _taught(
+    agent: str,
+    examples: Sequence[QAExample],
+    replies: tuple[Reply, Reply],
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    config: ProtocolDataConfig,
+    templates: Templates,
+) -> list[Trajectory]:
+    """The teacher's trajectories of ``agent`` on the ``examples`` the ideal teacher (the first
+    of ``replies``) answers right through ``retriever``: a hop the retriever missed leaves it
+    without the fact, and such a question is dropped. The flawed teacher (the second) then
+    answers those; every trajectory it ends with an answer is kept, right or not."""
+    ideal = _run(agent, examples, replies[0], tokenizer, retriever, config, templates)
+    kept = [
+        t
+        for t in ideal
+        if t.end_reason == "answer"
+        and exact_match(t.answer or "", t.example.golden_answers)
+        and len(t.turns) > 1
+    ]
+    if not (config.early_answer or config.category_query):
+        return kept
+    answerable = [t.example for t in kept]
+    flawed = _run(agent, answerable, replies[1], tokenizer, retriever, config, templates)
+    return [t for t in flawed if t.end_reason == "answer"]
+
+
+def _run(
     agent: str,
     examples: Sequence[QAExample],
     reply: Reply,
@@ -134,18 +219,9 @@ def _oracle_run(
     config: ProtocolDataConfig,
     templates: Templates,
 ) -> list[Trajectory]:
-    """The oracle's trajectories of ``agent``, keeping only those it answered right: a hop the
-    retriever missed leaves the oracle without the fact, and such a trajectory is dropped."""
     llm = ScriptedLLM(tokenizer, reply)
     episodes = start_episodes(agent, examples, tokenizer, config.agent, templates)
-    trajectories = run_lockstep(episodes, llm, retriever, SamplingParams())
-    return [
-        t
-        for t in trajectories
-        if t.end_reason == "answer"
-        and exact_match(t.answer or "", t.example.golden_answers)
-        and len(t.turns) > 1
-    ]
+    return run_lockstep(episodes, llm, retriever, SamplingParams())
 
 
 def _balanced(
