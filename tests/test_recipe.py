@@ -6,6 +6,7 @@ every stage done and changes nothing, and the refusals of a folder the recipe di
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,12 @@ from memsearcher.cli import main
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.recipe.embedded_agent import RecipeConfig, claim
+from memsearcher.teach.config import ProtocolDataConfig
 
 ROOT = Path(__file__).parents[1]
+BUILD = ProtocolDataConfig(
+    heldout=str(ROOT / "benchmarks" / "data" / "embedded-wiki-questions.jsonl")
+)
 
 
 def tiny_overrides(tmp_path: Path) -> list[str]:
@@ -75,17 +80,36 @@ def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(MemSearcherError, match="no recipe run made it"):
-        claim(out, RecipeConfig(out=str(out), sft=_lora(), grpo=_lora_grpo()))
+        claim(out, RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo()))
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path) -> None:
+    from memsearcher.rl.config import GRPOConfig, ModelConfig, SFTConfig
+
+    # steps=0 means "one epoch" to a trainer, which the recipe could never resume by step
+    with pytest.raises(ValueError, match="steps must be > 0"):
+        RecipeConfig(build=BUILD, sft=SFTConfig(model=ModelConfig(lora_rank=4)), grpo=_lora_grpo())
+    with pytest.raises(ValueError, match="steps must be > 0"):
+        grpo = GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4,
+                          mini_batch_questions=4, steps=0)  # fmt: skip
+        RecipeConfig(build=BUILD, sft=_lora(), grpo=grpo)
+    out = tmp_path / "run"
+    config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
+    claim(out, config)
+    claim(out, replace(config, ship=str(tmp_path / "adapters"), bootstrap=50))  # output only
+    with pytest.raises(MemSearcherError, match="rl_one_hop"):
+        claim(out, replace(config, rl_one_hop=3))
 
 
 def _lora():  # type: ignore[no-untyped-def]
     from memsearcher.rl.config import ModelConfig, SFTConfig
 
-    return SFTConfig(model=ModelConfig(lora_rank=4))
+    return SFTConfig(model=ModelConfig(lora_rank=4), steps=1)
 
 
 def _lora_grpo():  # type: ignore[no-untyped-def]
     from memsearcher.rl.config import GRPOConfig, ModelConfig
 
-    return GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4, mini_batch_questions=4)
+    return GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4, mini_batch_questions=4,
+                      steps=1)  # fmt: skip

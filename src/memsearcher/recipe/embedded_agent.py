@@ -51,6 +51,9 @@ __all__ = ["RecipeConfig", "run_recipe"]
 
 Echo = Callable[[str], None]
 MARKER = "recipe.json"
+OUTPUT_ONLY = ("ship", "bootstrap")
+"""Config keys that change only what is written after training, so a finished run may be
+rerun with other values of them."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,11 @@ class RecipeConfig:
         require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
         require(self, "evaluation_limit", self.evaluation_limit >= 0, ">= 0 (0: all)")
         positive(self, "bootstrap")
+        for trainer in (self.sft, self.grpo):
+            require(trainer, "steps", trainer.steps > 0, "> 0 in the recipe (it resumes by step)")
+        require(self.build, "heldout", bool(self.build.heldout), "the held-out questions' file")
+        require(self, "ship", not self.ship or "memsearcher" in self.agents,
+                "empty unless memsearcher is among the agents (its adapter ships)")  # fmt: skip
         if self.sft.model.lora_rank < 1 or self.grpo.model.lora_rank < 1:
             raise MemSearcherError(
                 "the recipe ships LoRA adapters: sft.model.lora_rank and grpo.model.lora_rank "
@@ -118,11 +126,12 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
         begun = time.perf_counter()
         echo(f"[recipe] {name} ...")
         yield
-        # a stage found done takes no time: keep the time it took when it ran
-        seconds = round(time.perf_counter() - begun, 1)
-        timings[name] = max(seconds, timings.get(name, 0.0)) if seconds < 5 else seconds
+        # a resumed stage adds its time to the earlier runs'; one found done adds nothing
+        seconds = time.perf_counter() - begun
+        if seconds >= 5:
+            timings[name] = round(timings.get(name, 0.0) + seconds, 1)
         timings_file.write_text(json.dumps(timings, indent=2) + "\n", "utf-8")
-        echo(f"[recipe] {name}: {timings[name]} s")
+        echo(f"[recipe] {name}: {timings.get(name, 0.0)} s")
 
     with stage("data"):
         questions = build_data(config, out / "data", echo)
@@ -153,10 +162,11 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
 def claim(out: Path, config: RecipeConfig) -> None:
     """Make ``out`` the recipe's folder: a new or empty folder, or one whose marker holds this
     very config (a resumed run). Anything else is refused and left as it is."""
-    settings = config_to_dict(config)
+    settings = {k: v for k, v in config_to_dict(config).items() if k not in OUTPUT_ONLY}
     marker = out / MARKER
     if marker.is_file():
         saved = json.loads(marker.read_text("utf-8"))
+        saved = {k: v for k, v in saved.items() if k not in OUTPUT_ONLY}
         changed = sorted(_changed(saved, settings))
         if changed:
             raise MemSearcherError(
@@ -210,8 +220,8 @@ def build_data(config: RecipeConfig, folder: Path, echo: Echo) -> dict[str, list
 
 
 def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQuestion]:
-    """Every two-hop question, then ``one_hop`` one-hop ones spread over the list (its order
-    is fixed by the split's seed), each starting from a title not taken yet."""
+    """Every two-hop question, then ``one_hop`` one-hop ones spread evenly over the one-hop
+    questions sorted by their text."""
     two = [q for q in questions if len(q.chain) == 2]
     singles = sorted((q for q in questions if len(q.chain) == 1), key=lambda q: q.question)
     stride = max(1, len(singles) // max(one_hop, 1))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher.eval.run import read_predictions
+from memsearcher.eval.run import latest_records, read_predictions
 
 __all__ = ["analyse", "paired_bootstrap", "write_report"]
 
@@ -38,11 +38,13 @@ def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
     for run in sorted((out / "eval").iterdir()):
         model, agent = run.name.split("-", 1)
         key = f"{model}/{agent}"
+        # one record per question (a retried error is followed by its answer); errors apart
         records[key] = {
-            folder.name: read_predictions(folder / "predictions.jsonl")
+            folder.name: [r for r in latest_records(read_predictions(folder / "predictions.jsonl"))
+                          if r["trajectory"] is not None]
             for folder in sorted(run.iterdir())
             if (folder / "predictions.jsonl").is_file()
-        }
+        }  # fmt: skip
         runs[key] = {dataset: describe(rows) for dataset, rows in records[key].items()}
     gains: dict[str, Any] = {}
     for agent in agents:

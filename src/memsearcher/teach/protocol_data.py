@@ -107,12 +107,12 @@ def build_protocol_data(
     staging = out.with_name(out.name + ".tmp")
     with staging.open("w", encoding="utf-8") as lines:
         lines.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in kept)
-    staging.rename(out)
     stats["trajectories"] = len(kept)
     stats["sequences"] = sum(len(t.sequences) for t in kept)
     stats["tokens"] = sum(len(s.input_ids) for t in kept for s in t.sequences)
     stats["trained_tokens"] = sum(sum(s.loss_mask) for t in kept for s in t.sequences)
     out.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2) + "\n", "utf-8")
+    staging.rename(out)  # last: the data's presence says that its stats are there too
     echo(f"protocol data: {json.dumps(stats)}")
     return stats
 
@@ -228,6 +228,8 @@ def _balanced(
     questions: list[WikiQuestion], count: int, max_share: float, rng: random.Random
 ) -> list[WikiQuestion]:
     """Up to ``count`` questions, no kind more than ``max_share`` of them, one per title."""
+    if count <= 0:
+        return []
     rng.shuffle(questions)
     cap = max(1, int(count * max_share))
     taken: dict[str, int] = {}

@@ -7,8 +7,9 @@ the first fact's object names ("Who wrote Hamlet?" -> William Shakespeare, whose
 he was English: "What nationality is the writer of Hamlet?"). Each question keeps its chain of
 facts, so the teacher knows which sentence to look for at each hop and which words answer.
 
-Splits go by the starting entity, and no passage of a test question's chain is the subject of
-any training question. Passages whose titles the held-out benchmark asks about are never used.
+Splits go by the starting entity, and a train or rl question that shares a fact with a test
+question's chain is dropped. Passages whose titles the held-out benchmark asks about are never
+used.
 
 The teacher (`wiki_oracle`) searches each hop's entity, keeps the sentences found as its
 memory, and answers with the words of the last one, with the flaws it is given

@@ -1,0 +1,77 @@
+"""The recipe's report maths on records written by hand: the paired bootstrap, the behaviour
+counts, and one record per question when an evaluation retried an error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memsearcher.recipe.report import analyse, behaviour, paired_bootstrap
+
+HAMLET = [{"entity": "Hamlet", "answer": "William Shakespeare"},
+          {"entity": "William Shakespeare", "answer": "English"}]  # fmt: skip
+OSLO = [{"entity": "Oslo", "answer": "Norway"}]
+
+
+def record(qid: str, chain: list[dict[str, Any]], queries: list[str], memories: list[str | None],
+           prediction: str | None, em: float) -> dict[str, Any]:  # fmt: skip
+    turns = [{"query": q, "memory": m} for q, m in zip(queries, memories, strict=True)]
+    return {
+        "id": qid,
+        "prediction": prediction,
+        "em": em,
+        "f1": em,
+        "end_reason": "answer" if prediction is not None else "max_turns",
+        "searches": len(queries),
+        "prompt_tokens": [300] * (len(queries) + 1),
+        "trajectory": {
+            "agent": "memsearcher",
+            "example": {"metadata": {"chain": chain}},
+            "turns": [*turns, {"query": None, "memory": None}],
+        },
+    }
+
+
+def test_paired_bootstrap_mean_and_interval() -> None:
+    constant = paired_bootstrap([0.5] * 10, resamples=500)
+    assert constant == {"questions": 10, "gain": 0.5, "low": 0.5, "high": 0.5}
+    spread = paired_bootstrap([1.0, 0.0, 0.0, 0.0], resamples=2000)
+    assert spread["gain"] == 0.25
+    assert 0.0 <= spread["low"] < 0.25 < spread["high"] <= 1.0
+    assert paired_bootstrap([], resamples=10)["gain"] is None
+
+
+def test_behaviour_counts_what_each_key_says() -> None:
+    two_hop = record("h", HAMLET, ["Hamlet", "William Shakespeare"],
+                     ["Hamlet was written by William Shakespeare.", "He was English."],
+                     "English", 1.0)  # fmt: skip
+    one_hop = record("o", OSLO, ["capital city"], ["Oslo is a city."], "Norway", 1.0)
+    assert behaviour([two_hop, one_hop]) == {
+        "searches_per_hop": 3 / 3,
+        "early_answers": 0.0,
+        "first_query_entity": 0.5,  # "capital city" is not Oslo
+        "memory_keeps_bridge": 0.5,  # the second memory dropped "William Shakespeare"
+    }
+    early = record("e", HAMLET, ["Hamlet"], ["Hamlet is a play."], "Danish", 0.0)
+    assert behaviour([early])["early_answers"] == 1.0
+    assert behaviour([early])["memory_keeps_bridge"] == 0.0
+
+
+def test_a_retried_error_counts_once(tmp_path: Path) -> None:
+    error = {"id": "h", "error": "boom", "prediction": None, "em": 0.0, "f1": 0.0,
+             "end_reason": "error", "searches": 0, "trajectory": None}  # fmt: skip
+    answered = record("h", HAMLET, ["Hamlet", "William Shakespeare"],
+                      ["by William Shakespeare", "English"], "English", 1.0)  # fmt: skip
+    before = record("h", HAMLET, ["Hamlet"], ["Hamlet is a play."], "Danish", 0.0)
+    for run, rows in (("sft-memsearcher", [before]), ("grpo-memsearcher", [error, answered])):
+        folder = tmp_path / "eval" / run / "test"
+        folder.mkdir(parents=True)
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
+        (folder / "predictions.jsonl").write_text(lines, encoding="utf-8")
+    analysis = analyse(tmp_path, ["memsearcher"], bootstrap=100)
+    after = analysis["runs"]["grpo/memsearcher"]["test"]
+    assert after["questions"] == 1 and after["em"] == 1.0
+    assert analysis["gains"]["memsearcher"]["test"]["gain"] == pytest.approx(1.0)
