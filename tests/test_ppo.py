@@ -4,6 +4,8 @@ models (memsearcher.rl.value) on a real tiny transformers model."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -143,8 +145,8 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
-def _sequences() -> list[TokenSequence]:
-    rng = random.Random(0)
+def _sequences(seed: int = 0) -> list[TokenSequence]:
+    rng = random.Random(seed)
     return [
         TokenSequence(
             tuple(rng.randrange(1, 1000) for _ in range(n)),
@@ -184,23 +186,30 @@ def test_values_are_causal_and_aligned(kind: str, tiny_path: str) -> None:
         assert (after[0, 4] - values[1, 4]).abs() > 1e-6
 
 
-def test_value_head_starts_at_zero_and_learns(tiny_path: str) -> None:
+def test_value_head_starts_at_zero_and_learns(
+    tmp_path: Path, learning_seed: int, record_property: Any
+) -> None:
+    """Measured over seeds 0-4 (benchmarks/learning_margins.py): after 60 Adam steps the loss
+    is 0.0008 to 0.0025 of its start, against the bound of 0.05 (30 steps left 0.002 to 0.039,
+    too close to it)."""
     from transformers import AutoModelForCausalLM
 
-    model = PolicyValueHead(AutoModelForCausalLM.from_pretrained(tiny_path))
-    batch = collate(_sequences(), [0, 1], pad_id=0)
+    tiny = save_tiny_model(tmp_path / "tiny", seed=learning_seed)
+    model = PolicyValueHead(AutoModelForCausalLM.from_pretrained(tiny))
+    batch = collate(_sequences(learning_seed), [0, 1], pad_id=0)
     values = token_values(model, batch)
     assert (values == 0).all()
     returns = torch.full_like(values, 0.7)
     optimizer = torch.optim.Adam(model.head.parameters(), lr=0.05)
     losses = []
-    for _ in range(30):
+    for _ in range(60):
         values = token_values(model, batch)
         loss, _ = value_loss(values, values.detach(), returns, batch.loss_mask, clip=10.0)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    record_property("loss_ratio", round(losses[-1] / losses[0], 4))
     assert losses[-1] < 0.05 * losses[0]
 
 
@@ -212,12 +221,17 @@ def test_critic_loader_names_a_bad_path(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_ppo_with_a_critic_raises_reward_on_an_easy_task() -> None:
+def test_ppo_with_a_critic_raises_reward_on_an_easy_task(
+    learning_seed: int, record_property: Any
+) -> None:
     """The pieces together, outside the trainer (tests/test_grpo_learns.py runs the trainer's
     ``advantage: gae`` on the agent task): sample, score on
     the last token, GAE (gamma = lambda = 1) with a separate critic, whitened advantages, the
     clipped policy loss with per-token advantages and the clipped value loss. Reward: the share
-    of sampled tokens equal to 3, in a 16-token vocabulary (about 1/16 at the start)."""
+    of sampled tokens equal to 3, in a 16-token vocabulary (about 1/16 at the start).
+
+    Measured over seeds 0-4 (benchmarks/learning_margins.py): the first three steps' mean
+    0.073 to 0.102 (bound: < 0.2), the last three's 0.617 to 0.745 (bound: > 0.5)."""
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
 
     from memsearcher.rl.batching import sequence_logprobs
@@ -228,12 +242,12 @@ def test_ppo_with_a_critic_raises_reward_on_an_easy_task() -> None:
         vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, num_labels=1,
     )  # fmt: skip
-    torch.manual_seed(0)
+    torch.manual_seed(learning_seed)
     policy, critic = LlamaForCausalLM(config), Critic(LlamaForTokenClassification(config))
     actor_opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
     prompt = (5, 9, 1, 12)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(learning_seed)
     scores_per_step = []
     for _ in range(14):
         with torch.no_grad():  # sample 32 responses of 4 tokens at temperature 1
@@ -262,6 +276,7 @@ def test_ppo_with_a_critic_raises_reward_on_an_easy_task() -> None:
             v_loss.backward()
             critic_opt.step()
     first, last = sum(scores_per_step[:3]) / 3, sum(scores_per_step[-3:]) / 3
+    record_property("first_last", [round(first, 3), round(last, 3)])
     assert first < 0.2 and last > 0.5, scores_per_step
 
 
