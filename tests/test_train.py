@@ -111,7 +111,10 @@ def test_grpo_two_steps_then_resume_from_step_one(
     for key in ("reward/mean", "reward/std", "reward/em", "rollout/format_failure", "train/kl"):
         assert key in metrics[0]
     assert metrics[0]["train/grad_norm"] > 0
-    assert (full / "samples" / "step-1.jsonl").is_file()
+    samples = [json.loads(line) for line in (full / "samples" / "step-1.jsonl").open()]
+    assert len(samples) == 4 * 3  # every trajectory of the step (4 questions, groups of 3)
+    rewards = [sample["reward"] for sample in samples]
+    assert sum(rewards) / len(rewards) == pytest.approx(metrics[0]["reward/mean"], abs=1e-6)
     assert any((full / "tensorboard").iterdir())
     start = weights_of_model(tiny)
     assert any(not torch.equal(start[k], v) for k, v in weights(full / "step-2").items())

@@ -84,6 +84,6 @@ def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> di
 def save_samples(path: Path, trajectories: list[Trajectory], rewards: torch.Tensor) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
-        for trajectory, reward in zip(trajectories, rewards.tolist(), strict=False):
+        for trajectory, reward in zip(trajectories, rewards.tolist(), strict=True):
             record: dict[str, Any] = {"reward": reward, **trajectory.to_dict()}
             out.write(json.dumps(record) + "\n")

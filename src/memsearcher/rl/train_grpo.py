@@ -123,7 +123,7 @@ def train_grpo(
             run.log.log(step, run.total_steps, metrics)
         if runtime.is_main and config.sample_every and step % config.sample_every == 0:
             path = run.output / "samples" / f"step-{step}.jsonl"
-            save_samples(path, trajectories[:group], rewards)
+            save_samples(path, trajectories, rewards)
         if step % config.save_every == 0 or step == run.total_steps:
             state = {"kind": "grpo", "data_position": step * config.questions_per_step}
             save_checkpoint(run.output, step, model, run.tokenizer, run.optimizer,
