@@ -4,6 +4,7 @@ a full search turn by the real model (SmolLM2-135M + adapter) on the real embedd
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,13 +56,24 @@ def test_sft_data_never_touches_the_heldout_questions(tmp_path: Path) -> None:
     assert any(q.title in titles for q in candidates)
     assert all(overlaps(q) for q in candidates if q.title in titles or q.question in texts)
 
-    small = replace(config.build, worlds=1, questions_per_world=4, wiki_questions=40)
+    small = replace(
+        config.build, worlds=1, questions_per_world=4, wiki_questions=40, bridge_copies=2
+    )
     tokenizer = load_tokenizer(str(embedded_model_path()))
     data = tmp_path / "protocol.jsonl"
     stats = build_protocol_data(small, data, tokenizer, lambda _: None)
     trajectories = read_trajectories(data)
     assert stats["wiki_trajectories"] > 40 and stats["synthetic_trajectories"] > 0
     assert {t.agent for t in trajectories} == {"memsearcher", "react"}
+    # two-hop questions are taught bridge_copies times per agent (the retriever's misses
+    # dropped), one-hop questions once
+    taught = Counter(
+        (t.agent, t.example.question, len(t.example.metadata["chain"]))
+        for t in trajectories
+        if "chain" in t.example.metadata
+    )
+    assert {n for (_, _, hops), n in taught.items() if hops == 1} == {1}
+    assert max(n for (_, _, hops), n in taught.items() if hops == 2) == 2
     subjects = titles | {title.split(" (")[0] for title in titles}
     test = wiki_splits(small)["test"]
     tested = {(f.title, f.kind) for q in test for f in q.chain}

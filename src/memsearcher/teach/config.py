@@ -22,6 +22,10 @@ class ProtocolDataConfig:
     wiki_questions: int = 400
     """Questions read off embedded Wikipedia passages (before dropping the retriever's misses),
     each run by both agents."""
+    bridge_copies: int = 1
+    """Times each two-hop Wikipedia question of the train split is taught per agent, each time
+    with flaws drawn afresh. Two-hop questions are few (about 30 in the train split, against
+    hundreds of one-hop ones); taught once each, SFT learned to answer after one search."""
     passage_words: int = 50
     """Wikipedia passages are cut to their first sentences, at most this many words (0: whole
     passages), to keep SFT sequences short on a CPU."""
@@ -53,6 +57,7 @@ class ProtocolDataConfig:
         require(self, "worlds", self.worlds >= 0, ">= 0")
         require(self, "questions_per_world", self.questions_per_world >= 0, ">= 0")
         require(self, "wiki_questions", self.wiki_questions >= 0, ">= 0")
+        require(self, "bridge_copies", self.bridge_copies >= 1, ">= 1")
         require(self, "max_share", 0 < self.max_share <= 1, "in (0, 1]")
         for name in ("test_share", "rl_share", "early_answer", "category_query"):
             require(self, name, 0 <= getattr(self, name) <= 1, "in [0, 1]")

@@ -97,6 +97,11 @@ def build_protocol_data(
         examples = [q.to_example() for q in candidates]
         replies = (wiki_oracle(candidates), wiki_oracle(candidates, flaws))
         wiki += _taught(agent, examples, replies, tokenizer, retriever, config, templates)
+        for copy in range(1, config.bridge_copies):  # the few two-hop questions again
+            redrawn = replace(flaws, seed=flaws.seed + copy)
+            replies = (wiki_oracle(bridges), wiki_oracle(bridges, redrawn))
+            examples = [q.to_example() for q in bridges]
+            wiki += _taught(agent, examples, replies, tokenizer, retriever, config, templates)
     stats["wiki_trajectories"] = len(wiki)
     stats["wiki_kinds"] = _count(t.example.metadata["kind"] for t in wiki)
     stats["flaws"] = {"stated": asdict(flaws), "measured": flaw_rates(wiki)}

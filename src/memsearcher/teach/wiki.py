@@ -98,7 +98,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("nationality", re.compile(rf"^[^.]*? (?:is|was) an? (?P<answer>{_DEMONYMS}) [a-z]")),
     (
         "capital_of",
-        re.compile(r"(?:is|was) the capital(?: and (?:the )?largest city)? of " + _PLACE),
+        re.compile(r"(?:is|was) the capital(?: city)?(?: and (?:the )?largest city)? of " + _PLACE),
     ),
     (
         "its_capital",
@@ -130,6 +130,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             + _PLACE
         ),
     ),
+    ("located_in", re.compile(r"\b(?:located|situated) (?:[a-z]+ )?in (?:the )?" + _PLACE)),
+    ("headquartered_in", re.compile(r"\b(?:headquartered|based) in (?:the )?" + _PLACE)),
     ("born_in", re.compile(r"\bborn (?:[^.,]{0,40}? )?in " + _PLACE)),
     ("named_after", re.compile(r"\bnamed (?:after|for) (?:the )?" + _ANSWER_NAME)),
 ]
@@ -141,6 +143,7 @@ _ONE_HOP: dict[str, Callable[[WikiFact], str]] = {
     "founded_year": lambda f: f"In what year was {f.entity} {f.verb}?",
     "made_by": lambda f: _MAKERS[f.verb][0].format(x=f.entity),
     "located_in": lambda f: f"Where is {f.entity}?",
+    "headquartered_in": lambda f: f"Where is {f.entity} headquartered?",
     "born_in": lambda f: f"Where was {f.entity} born?",
     "named_after": lambda f: f"Who is {f.entity} named after?",
 }
@@ -163,10 +166,25 @@ _TWO_HOP: dict[tuple[str, str], Callable[[WikiFact, WikiFact], str]] = {
     ("named_after", "nationality"): lambda a, b: (
         f"What nationality is the person {a.entity} is named after?"
     ),
+    ("named_after", "born_in"): lambda a, b: (
+        f"Where was the person {a.entity} is named after born?"
+    ),
+    ("headquartered_in", "its_capital"): lambda a, b: (
+        f"What is the capital of the country or region where {a.entity} is headquartered?"
+    ),
+    ("born_in", "its_capital"): lambda a, b: (
+        f"What is the capital of the country or region where {a.entity} was born?"
+    ),
     ("born_in", "capital_of"): lambda a, b: (
         f"Of which country or region is the place where {a.entity} was born the capital?"
     ),
     ("born_in", "located_in"): lambda a, b: f"Where is the place where {a.entity} was born?",
+    ("headquartered_in", "capital_of"): lambda a, b: (
+        f"Of which country or region is the city where {a.entity} is headquartered the capital?"
+    ),
+    ("headquartered_in", "located_in"): lambda a, b: (
+        f"Where is the city in which {a.entity} is headquartered?"
+    ),
     ("capital_of", "located_in"): lambda a, b: (
         f"Where is the country or region whose capital is {a.entity}?"
     ),
@@ -180,6 +198,7 @@ CATEGORIES = {
     "its_capital": "capital city",
     "founded_year": "year of foundation",
     "located_in": "geographic region",
+    "headquartered_in": "headquarters",
     "born_in": "birthplace",
     "named_after": "eponym",
 }
