@@ -400,7 +400,7 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     # a second run into the same folder starts clean: nothing resumed or appended
     again = subprocess.run(
         [sys.executable, "-m", "memsearcher.cli", "demo", "--quick", "--out", str(out),
-         "--seed", "1"],
+         "--seed", "1", "--overwrite"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -420,7 +420,7 @@ def test_grpo_cannot_train_on_a_copy_sft_read() -> None:
 def test_demo_refuses_a_folder_it_did_not_write_and_loses_nothing(tmp_path: Path) -> None:
     mine = tmp_path / "notes.txt"
     mine.write_text("keep me")
-    for out, message in ((tmp_path, "does not write (notes.txt)"), (mine, "is a file")):
+    for out, message in ((tmp_path, "was not made by a demo run"), (mine, "is a file")):
         done = subprocess.run(
             [sys.executable, "-m", "memsearcher.cli", "demo", "--quick", "--out", str(out)],
             capture_output=True,

@@ -3,6 +3,9 @@
 Nothing we run deletes what we did not write. A command that replaces or clears an output
 folder first lists it and refuses, naming what it found, unless every entry is recognisably its
 own (:func:`check_replaceable`); the demo's run folder and index folders both go through it.
+A name alone does not make an entry ours: a folder is the demo's only if its marker file
+(:data:`MARKER`, written before anything else) says so (:func:`claim_folder`), and an index
+folder only if its manifest does.
 
 Locks are POSIX advisory locks (``flock``): the kernel drops them when their process dies, so a
 lock that can be taken means nobody is working there any more, however that process ended.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -19,7 +23,10 @@ from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["check_replaceable", "clear_folder", "exclusive", "try_lock"]
+__all__ = ["MARKER", "check_replaceable", "claim_folder", "clear_folder", "exclusive", "try_lock"]
+
+MARKER = ".memsearcher.json"
+"""The file that says which command made a folder: ``{"writer": "demo"}``."""
 
 
 def check_replaceable(
@@ -53,6 +60,45 @@ def clear_folder(folder: Path, owned: Callable[[str], bool], what: str) -> None:
         return
     for path in folder.iterdir():
         remove(path)
+
+
+def claim_folder(
+    folder: Path,
+    writer: str,
+    what: str,
+    owned: Callable[[str], bool],
+    overwrite: bool,
+    flag: str = "--out",
+) -> None:
+    """Make ``folder`` ``writer``'s own, empty but for its marker, or raise and touch nothing.
+
+    A new or empty folder is taken. A folder whose :data:`MARKER` names ``writer`` is emptied
+    with ``overwrite``, if nothing beside the marker fails ``owned``; anything else is refused.
+    ``what`` names the writer in messages ("a demo run").
+    """
+    check_replaceable(folder, lambda name: True, what, flag)  # refuses a link or a file
+    if folder.is_dir() and any(folder.iterdir()):
+        if not _marked_by(folder, writer):
+            raise MemSearcherError(
+                f"{flag} {folder} is not empty and was not made by {what} (it has no {MARKER} "
+                "naming it); nothing was deleted: choose a new or empty folder"
+            )
+        if not overwrite:
+            raise MemSearcherError(
+                f"{flag} {folder} holds {what} made earlier; pass --overwrite to replace it, "
+                "or choose another folder"
+            )
+        clear_folder(folder, lambda name: name == MARKER or owned(name), what)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(json.dumps({"writer": writer}) + "\n", encoding="utf-8")
+
+
+def _marked_by(folder: Path, writer: str) -> bool:
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("writer") == writer
 
 
 def remove(path: Path) -> None:

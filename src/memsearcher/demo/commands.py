@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memsearcher.folders import clear_folder
+from memsearcher.folders import claim_folder
 
 DEMO_OUTPUTS = frozenset(
     {"world", "index", "templates.yaml", "models", "oracle", "sft", "eval", "report.md",
@@ -31,13 +31,11 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
         "too small to show learning"
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="world, model and training seed")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace an earlier demo run in --out (only a folder the demo made)",
+    )  # fmt: skip
     parser.set_defaults(func=_run)
-
-
-def clear_previous_run(out: Path) -> None:
-    """Remove what an earlier demo wrote into ``out`` (its stages would resume or append
-    otherwise); refuse a folder holding anything else, so nothing of the user's is lost."""
-    clear_folder(out, _demo_output, "a demo run")
 
 
 def _demo_output(name: str) -> bool:
@@ -49,7 +47,9 @@ def _run(args: argparse.Namespace) -> int:
     from memsearcher.demo.report import format_grpo_questions, format_results, write_report
 
     out = Path(args.out)
-    clear_previous_run(out)
+    # An earlier run's stages would resume or append, so it is replaced whole; a folder the
+    # demo did not make is never touched, whatever its entries are called.
+    claim_folder(out, "demo", "a demo run", _demo_output, args.overwrite)
     results = run_demo(out, PRESETS["quick" if args.quick else "full"], args.seed)
     report = write_report(out, results)
     print(format_results(results))
