@@ -460,3 +460,62 @@ def test_the_reference_copy_is_held_in_the_compute_dtype(tiny: Path) -> None:
     torch.testing.assert_close(half, full, rtol=0, atol=0.05)
     plain = frozen_copy(model, Precision(torch.float32, None))
     assert {p.dtype for p in plain.parameters()} == {torch.float32}
+
+
+def train_cli(trainer: str, out: Path, *overrides: str, resume: bool = False) -> int:
+    from memsearcher.cli import main
+
+    flags = ["--resume"] if resume else []
+    return main(["train", trainer, *flags, f"output_dir={out}", "tensorboard=false", *overrides])
+
+
+def checkpoint_bytes(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_fresh_sft_run_refuses_a_used_folder_and_resume_refuses_another_config(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    run = [f"data={replay_trajectories}", f"model.path={tiny}", "model.device=cpu",
+           "sequences_per_step=4", "micro_batch_tokens=1200", "save_every=1"]  # fmt: skip
+    assert train_cli("sft", out, *run, "steps=3", "optim.lr=1e-3") == 0
+    before = checkpoint_bytes(out)
+    capsys.readouterr()
+
+    assert train_cli("sft", out, *run, "steps=2", "optim.lr=1e-4", "seed=7") == 2
+    err = capsys.readouterr().err
+    assert f"{out} already holds checkpoints" in err and "--resume" in err, err
+    assert train_cli("sft", out, *run, "steps=3", "optim.lr=1e-4", "seed=7", resume=True) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds a run with other settings (optim.lr, seed)" in err, err
+    assert checkpoint_bytes(out) == before  # nothing replaced, nothing appended
+
+    # more steps, and another logging and saving cadence, continue the same run
+    assert train_cli("sft", out, *run, "steps=4", "optim.lr=1e-3", "log_every=2", resume=True) == 0
+    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3, 4]
+    assert latest_checkpoint(out) == out / "step-4"
+
+
+@pytest.mark.slow
+def test_grpo_and_ppo_refuse_a_used_folder_and_a_changed_config(
+    tiny: Path, questions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    run = [f"data={questions}", f"model.path={tiny}", "model.device=cpu", "steps=1",
+           "questions_per_step=4", "mini_batch_questions=2", "group_size=2",
+           "agent.max_new_tokens=8", "agent.memory_tokens=8", "agent.max_turns=1",
+           "micro_batch_tokens=1600"]  # fmt: skip
+    assert train_cli("grpo", out, *run) == 0
+    before = checkpoint_bytes(out)
+    capsys.readouterr()
+    for trainer in ("grpo", "ppo"):
+        assert train_cli(trainer, out, *run) == 2
+        err = capsys.readouterr().err
+        assert f"{out} already holds checkpoints" in err and "--resume" in err, err
+    assert train_cli("grpo", out, *run, "beta=0.5", resume=True) == 2
+    assert "other settings (beta)" in capsys.readouterr().err
+    assert train_cli("ppo", out, *run, resume=True) == 2
+    assert "other settings (advantage)" in capsys.readouterr().err
+    assert checkpoint_bytes(out) == before

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ import yaml
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["config_to_dict", "finite", "load_config", "positive", "require"]
+__all__ = ["changed_keys", "config_to_dict", "finite", "load_config", "positive", "require"]
 
 C = TypeVar("C")
 
@@ -124,6 +124,19 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     """A config as plain data (tuples become lists), for logs and checkpoints."""
     plain: dict[str, Any] = _plain(dataclasses.asdict(config))
     return plain
+
+
+def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The keys, dotted for sections (``optim.lr``), whose values differ between two configs
+    or settings as plain data: what a resumed run compares with the run it continues."""
+    changed = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key), current.get(key)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            changed += [f"{key}.{inner}" for inner in changed_keys(old, new)]
+        elif old != new:
+            changed.append(key)
+    return changed
 
 
 def _plain(value: Any) -> Any:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from memsearcher.agent import AgentConfig, Templates, agent_type, run_lockstep, start_episodes
+from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match, f1_score, objective_sum, sub_exact_match
 from memsearcher.folders import exclusive
@@ -397,7 +398,7 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
     path = out / "settings.json"
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+        changed = changed_keys(saved, settings)
         if changed:
             raise MemSearcherError(
                 f"{out} holds a run with other settings ({', '.join(changed)}); "

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.agent import AgentConfig
-from memsearcher.config import config_to_dict, positive, require
+from memsearcher.config import changed_keys, config_to_dict, positive, require
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
@@ -167,7 +167,7 @@ def claim(out: Path, config: RecipeConfig) -> None:
     if marker.is_file():
         saved = json.loads(marker.read_text("utf-8"))
         saved = {k: v for k, v in saved.items() if k not in OUTPUT_ONLY}
-        changed = sorted(_changed(saved, settings))
+        changed = changed_keys(saved, settings)
         if changed:
             raise MemSearcherError(
                 f"{out} holds a recipe run with another config (changed: {', '.join(changed)}); "
@@ -183,14 +183,6 @@ def claim(out: Path, config: RecipeConfig) -> None:
         )
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
-
-
-def _changed(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    if isinstance(saved, dict) and isinstance(current, dict):
-        keys = set(saved) | set(current)
-        return [k for key in keys for k in _changed(saved.get(key), current.get(key),
-                                                     f"{prefix}{key}.")]  # fmt: skip
-    return [] if saved == current else [prefix.rstrip(".")]
 
 
 # -- data ---------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ complete, so a crash never leaves a half-written ``step-N``. Every rank saves it
 rank 0 writes everything else. An FSDP model's shards are gathered first, so its checkpoint is
 the same whole-model folder as a single process writes.
 
+A fresh run refuses a folder that holds checkpoints, and a resumed run refuses a config that
+would change the run: ``OUTPUT/config.json`` keeps the run's config, and only the keys of
+:data:`FREE_ON_RESUME` may differ from it (:func:`check_run_folder`).
+
 Nothing is unpickled on resume, so a checkpoint from someone else is safe to load: weights are
 safetensors, the scheduler, RNG and run state are JSON, and the optimizer state (tensors in
 nested dicts) is read with ``torch.load(weights_only=True)``, which refuses any other type.
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
 import pickle
 import random
 import re
@@ -25,10 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.distributed import Runtime, barrier, is_sharded, unwrap
 
 __all__ = [
+    "FREE_ON_RESUME",
+    "check_run_folder",
     "full_state",
     "latest_checkpoint",
     "load_checkpoint",
@@ -37,7 +46,47 @@ __all__ = [
     "save_checkpoint",
 ]
 
+logger = logging.getLogger(__name__)
+
 _STEP = re.compile(r"^step-(\d+)$")
+RUN_CONFIG = "config.json"
+FREE_ON_RESUME = frozenset(
+    {"output_dir", "steps", "log_every", "save_every", "sample_every", "tensorboard"}
+)
+"""What a resumed run may change: how long it runs, and when and where it logs and saves."""
+
+
+def check_run_folder(
+    output_dir: Path, config: dict[str, Any], resume: bool, runtime: Runtime
+) -> None:
+    """Refuse a fresh run where checkpoints exist, and a resumed one whose ``config`` (as
+    `config_to_dict` writes it) changes the run; then keep ``config`` as the run's."""
+    saved = output_dir / RUN_CONFIG
+    if not resume:
+        found = sorted(p.name for p in output_dir.glob("step-*") if _STEP.match(p.name))
+        if found:
+            raise MemSearcherError(
+                f"{output_dir} already holds checkpoints of a run ({', '.join(found[:3])}"
+                f"{', ...' if len(found) > 3 else ''}); pass --resume to continue it, or choose "
+                "another output_dir"
+            )
+    elif latest_checkpoint(output_dir) is None:
+        return  # resume_step says there is nothing to resume
+    elif saved.is_file():
+        changed = [k for k in changed_keys(_read_json(saved), config) if k not in FREE_ON_RESUME]
+        if changed:
+            raise MemSearcherError(
+                f"{output_dir} holds a run with other settings ({', '.join(changed)}); resume "
+                f"with its settings (only {', '.join(sorted(FREE_ON_RESUME))} may change), or "
+                "start a fresh run in another output_dir"
+            )
+    else:
+        logger.warning("%s has no %s (an older run): resuming unchecked", output_dir, RUN_CONFIG)
+    if runtime.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        staging = saved.with_name(f".{RUN_CONFIG}.tmp")  # other ranks may be reading it
+        _write_json(staging, config)
+        os.replace(staging, saved)
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

@@ -16,7 +16,7 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.llm.hf import HFModel
 from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.base import Retriever
-from memsearcher.rl.checkpoint import resume_step
+from memsearcher.rl.checkpoint import check_run_folder, resume_step
 from memsearcher.rl.config import GRPOConfig, config_to_dict
 from memsearcher.rl.distributed import Runtime, init_runtime, wrap_for_training
 from memsearcher.rl.metrics_log import MetricsLog
@@ -86,6 +86,7 @@ def set_up(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
+    check_run_folder(output, config_to_dict(config), resume, runtime)
     questions = read_examples(config.data)
     if not questions:
         raise MemSearcherError(f"{config.data}: no questions to train on")

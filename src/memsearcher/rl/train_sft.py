@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
-from memsearcher.rl.checkpoint import resume_step, save_checkpoint
+from memsearcher.rl.checkpoint import check_run_folder, resume_step, save_checkpoint
 from memsearcher.rl.config import SFTConfig, config_to_dict
 from memsearcher.rl.distributed import (
     even_out,
@@ -88,6 +88,7 @@ def train_sft(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
+    check_run_folder(output, config_to_dict(config), resume, runtime)
     trajectories = read_trajectories(config.data)
     sequences: list[TokenSequence] = [
         s
