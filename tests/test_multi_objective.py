@@ -71,6 +71,7 @@ def test_compose_cli_round_trips_through_flashrag(tmp_path: Path) -> None:
     assert main(args) == 0
     assert read_examples(out) == compose(FIVE, 2, 0)
     assert main(args) == 2  # never overwrites unasked
+    assert main([*args[:-1], str(source), "--overwrite"]) == 2  # nor its own input
     assert main([*args, "--overwrite", "--seed", "1", "--limit", "1"]) == 0
     assert [e.id for e in read_examples(out)] == ["c+d"]
 

@@ -74,6 +74,31 @@ def test_prepare_rejects_an_unknown_agent(
     assert not (tmp_path / "x").exists()
 
 
+def test_prepare_never_replaces_its_input_a_folder_or_a_file_unasked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "nq.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS["nq"]))
+    kept = data.read_bytes()
+    prepare = ["verl", "prepare", "--data", str(data), "--out"]
+    assert cli([*prepare, str(data)]) == 2
+    assert f"--out {data} is the input --data" in capsys.readouterr().err
+    assert cli([*prepare, str(data), "--overwrite"]) == 2
+    assert data.read_bytes() == kept
+    folder = write_flashrag(tmp_path / "flashrag")
+    assert cli([*prepare, str(folder / "nq" / "new.parquet"), "--data", str(folder)]) == 2
+    assert "inside the input --data" in capsys.readouterr().err
+    assert cli([*prepare, str(folder)]) == 2
+    assert f"--out {folder} is a folder; name the file to write" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.partial")) and not (folder / "nq" / "new.parquet").exists()
+
+    out = tmp_path / "train.parquet"
+    assert cli([*prepare, str(out)]) == 0
+    assert cli([*prepare, str(out)]) == 2
+    assert f"{out} exists; choose another --out or pass --overwrite" in capsys.readouterr().err
+    assert cli([*prepare, str(out), "--overwrite"]) == 0
+
+
 def test_rows_read_back_as_verl_hands_them_over() -> None:
     # veRL's dataset turns parquet lists into NumPy arrays
     row = {

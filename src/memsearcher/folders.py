@@ -18,15 +18,42 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["MARKER", "check_replaceable", "claim_folder", "clear_folder", "exclusive", "try_lock"]
+__all__ = [
+    "MARKER",
+    "check_output_file",
+    "check_replaceable",
+    "claim_folder",
+    "clear_folder",
+    "exclusive",
+    "try_lock",
+]
 
 MARKER = ".memsearcher.json"
 """The file that says which command made a folder: ``{"writer": "demo"}``."""
+
+
+def check_output_file(
+    path: Path, overwrite: bool, inputs: Sequence[Path] = (), flag: str = "--out"
+) -> None:
+    """Raise unless ``path`` may be written as one file: not a folder, not an input (nor inside
+    an input folder), and new unless ``overwrite``. ``inputs`` are the ``--data`` paths read."""
+    if path.is_dir():
+        raise MemSearcherError(f"{flag} {path} is a folder; name the file to write")
+    target = path.resolve()
+    for source in inputs:
+        if target == source.resolve():
+            raise MemSearcherError(f"{flag} {path} is the input --data; choose another file")
+        if source.is_dir() and target.is_relative_to(source.resolve()):
+            raise MemSearcherError(
+                f"{flag} {path} is inside the input --data {source}; choose a file outside it"
+            )
+    if path.exists() and not overwrite:
+        raise MemSearcherError(f"{path} exists; choose another {flag} or pass --overwrite")
 
 
 def check_replaceable(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def add_data_command(commands: argparse._SubParsersAction) -> None:
@@ -30,7 +31,9 @@ def add_data_command(commands: argparse._SubParsersAction) -> None:
 def _compose(args: argparse.Namespace) -> int:
     from memsearcher.data.compose import compose, write_examples
     from memsearcher.data.flashrag import read_examples
+    from memsearcher.folders import check_output_file
 
+    check_output_file(Path(args.out), args.overwrite, [Path(args.data)])
     tasks = compose(read_examples(args.data), args.objectives, args.seed)[: args.limit]
     path = write_examples(args.out, tasks, overwrite=args.overwrite)
     print(f"{len(tasks)} tasks of {args.objectives} questions in {path}", file=sys.stderr)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
+from memsearcher.folders import check_output_file
 from memsearcher.types import QAExample
 
 __all__ = ["compose", "write_examples"]
@@ -79,8 +80,7 @@ def write_examples(
 ) -> Path:
     """``examples`` as a FlashRAG JSONL file, written whole (a temporary file, then a rename)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise MemSearcherError(f"{path} exists; choose another --out or pass --overwrite")
+    check_output_file(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as out:

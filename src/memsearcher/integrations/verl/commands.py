@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_verl_command(commands: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def add_verl_command(commands: argparse._SubParsersAction) -> None:
     prepare.add_argument("--split", default="train", help="written to extra_info.split")
     prepare.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
     prepare.add_argument("--out", required=True, help="the parquet file to write")
+    prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
 
@@ -34,10 +36,12 @@ def _prepare(args: argparse.Namespace) -> int:
     from memsearcher.agent import AGENTS
     from memsearcher.data.flashrag import load_benchmarks
     from memsearcher.errors import MemSearcherError
+    from memsearcher.folders import check_output_file
     from memsearcher.integrations.verl.data import verl_rows, write_parquet
 
     if args.agent not in AGENTS:
         raise MemSearcherError(f"--agent {args.agent!r}: choose one of {sorted(AGENTS)}")
+    check_output_file(Path(args.out), args.overwrite, [Path(args.data)])
     names = [n for n in args.datasets.split(",") if n] if args.datasets else None
     datasets = load_benchmarks(args.data, names, args.limit)
     rows = verl_rows(datasets, args.agent, args.split)
