@@ -12,6 +12,7 @@ import pytest
 from memsearcher.cli import main
 from memsearcher.retrieval.corpus import Passage, write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
+from memsearcher.retrieval.manifest import MANIFEST
 
 
 @pytest.fixture
@@ -111,6 +112,34 @@ def test_overwrite_replaces_an_index_it_built_and_nothing_else(
     assert build(corpus, index, "--overwrite") == 2
     assert "nothing was deleted" in capsys.readouterr().err
     assert sorted(p.name for p in index.iterdir()) == ["bm25s", "manifest.json", "offsets.npy"]
+
+
+def test_overwrite_trusts_no_forged_manifest(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ours = {"format": 1, "memsearcher_version": "0.1.0"}
+    forged = {
+        "dense": {"kind": "photos"},  # no format, no version, a kind no build writes
+        "thesis.txt": {"kind": "bm25", "files": ["thesis.txt"]},
+        "notes.txt": {**ours, "kind": "bm25", "files": ["notes.txt", "bm25s"]},
+        "bm25": {**ours, "kind": "hybrid"},  # a hybrid's part that is no index
+        "offsets.npy": {"format": "1", "kind": "bm25"},
+    }
+    for name, manifest in forged.items():
+        folder = tmp_path / name.replace(".", "-")
+        mine = folder / name
+        if "." in name:
+            mine.parent.mkdir(parents=True)
+            mine.write_text("years of work")
+        else:
+            mine.mkdir(parents=True)
+            (mine / "holiday.jpg").write_text("years of work")
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+        assert build(corpus, folder, "--overwrite") == 2, name
+        err = capsys.readouterr().err
+        assert str(folder) in err and "nothing was deleted" in err, err
+        kept = [p.read_text() for p in folder.rglob("*") if p.is_file() and p != folder / MANIFEST]
+        assert kept == ["years of work"], name
 
 
 def test_overwrite_of_the_working_directory_deletes_nothing(

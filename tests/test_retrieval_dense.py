@@ -159,3 +159,5 @@ def test_hybrid(corpus: tuple[Path, list[Passage]]) -> None:
     found = [p.id in {h.id for h in hits} for p, hits in zip(passages[:30], results, strict=True)]
     assert np.mean(found) >= 0.9
     assert all(len(hits) == 5 for hits in results)
+    again = build_hybrid(path, hybrid.folder, HybridConfig(depth=20), overwrite=True)
+    assert again.search(questions[:1], 5) == results[:1]  # a hybrid and its parts are ours

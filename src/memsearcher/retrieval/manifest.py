@@ -6,8 +6,11 @@ the index was built from (same size, same sampled hash, same row count) before i
 single passage, because a silently swapped corpus returns wrong text for every hit.
 
 The manifest also lists the files the build wrote (``files``). That list is what makes a folder
-recognisably an index: ``overwrite`` replaces a folder only if its manifest is ours and nothing
-else lies beside it, and never deletes anything before the new index is complete.
+recognisably an index: ``overwrite`` replaces a folder only if its manifest is ours (a format
+this memsearcher reads, a version, a kind it builds) and nothing lies beside it but what that
+kind writes (:data:`KIND_FILES`), and never deletes anything before the new index is complete.
+A manifest's word alone deletes nothing: a ``files`` list naming a user's file does not make it
+ours.
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ REPLACED = ".replaced"
 """Suffix of an old index moved aside by an overwrite until the new one is in place."""
 LEGACY_FILES = frozenset({OFFSETS, "bm25s", "bm25", "dense", "index.faiss", "embeddings.f16"})
 """What builds wrote before manifests listed their files."""
+KIND_FILES = {
+    "bm25": frozenset({OFFSETS, "bm25s", "bm25"}),
+    "dense": frozenset({OFFSETS, "index.faiss", "embeddings.f16", "rerank.faiss"}),
+    "hybrid": frozenset({"bm25", "dense"}),
+}
+"""Every name a build of each kind may write beside its manifest (``bm25`` is the BM25
+library's folder of early builds; a hybrid's are its two parts, index folders of their own)."""
 
 
 class IndexFolderError(MemSearcherError):
@@ -93,10 +103,9 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
         raise IndexFolderError(f"unreadable manifest {path}: {error}") from None
     if not isinstance(manifest, dict) or "kind" not in manifest:
         raise IndexFolderError(f"{path} is not an index manifest")
-    if manifest.get("format", FORMAT) > FORMAT:
-        raise IndexFolderError(
-            f"{path} has format {manifest['format']}; this memsearcher reads up to {FORMAT}"
-        )
+    form = manifest.get("format", FORMAT)
+    if type(form) is not int or form > FORMAT:
+        raise IndexFolderError(f"{path} has format {form!r}; this memsearcher reads up to {FORMAT}")
     return manifest
 
 
@@ -136,9 +145,9 @@ def open_store(folder: Path, manifest: dict[str, Any], corpus: str | Path | None
     return PassageStore(path, offsets)
 
 
-def check_overwritable(out: Path) -> None:
-    """Raise unless ``out`` is absent or an index folder we built: a manifest we wrote (read by
-    :func:`read_manifest`) and, beside it, only the files that manifest lists."""
+def check_overwritable(out: Path, kind: str | None = None) -> None:
+    """Raise unless ``out`` is absent or an index folder we built (of ``kind``, if given): a
+    manifest we wrote and, beside it, only files its kind writes and it lists."""
     if not out.is_dir() or out.is_symlink():
         check_replaceable(out, lambda name: False, "an index build")
         return
@@ -149,11 +158,27 @@ def check_overwritable(out: Path) -> None:
         check_replaceable(out, lambda name: False, "an index build")  # raises: it is not ours
     try:
         manifest = read_manifest(out)
+        _check_ours(out / MANIFEST, manifest, kind)
     except IndexFolderError as error:
         raise IndexFolderError(f"{error}; not replacing {out}, nothing was deleted") from None
     files = manifest.get("files")
-    listed = set(files) if isinstance(files, list) else LEGACY_FILES
+    ours = KIND_FILES[manifest["kind"]]
+    listed = ours & set(files) if isinstance(files, list) else ours
     check_replaceable(out, lambda name: name == MANIFEST or name in listed, "an index build")
+    if manifest["kind"] == "hybrid":
+        for part in listed & names:
+            check_overwritable(out / part, kind=part)
+
+
+def _check_ours(path: Path, manifest: dict[str, Any], kind: str | None) -> None:
+    """Raise unless ``manifest`` is one a build of ours wrote: a format we read, a version, and
+    a kind we build (``kind``, if given)."""
+    form, version = manifest.get("format"), manifest.get("memsearcher_version")
+    if type(form) is not int or not 1 <= form <= FORMAT or not isinstance(version, str):
+        raise IndexFolderError(f"{path} was not written by memsearcher (no format or version)")
+    if manifest["kind"] not in KIND_FILES or manifest["kind"] != (kind or manifest["kind"]):
+        wanted = kind or " or ".join(KIND_FILES)
+        raise IndexFolderError(f"{path} names kind {manifest['kind']!r}, not {wanted}")
 
 
 def looks_built(folder: Path) -> bool:
