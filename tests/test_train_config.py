@@ -98,7 +98,7 @@ def test_training_questions_read_as_flashrag(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("{not json", "q.jsonl:1: not JSON"),
+        ("{not json", "q.jsonl:1: not valid JSON"),
         ('{"id": "1", "question": "Q"}', "q.jsonl:1: a FlashRAG row needs"),
         ('{"id": "1", "question": "Q", "golden_answers": 1}', "golden_answers' must be"),
         ("[1]", "q.jsonl:1: a FlashRAG row needs"),

@@ -8,9 +8,11 @@ read, and nothing downstream needs to care.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
-__all__ = ["sanitize_text"]
+__all__ = ["parse_json", "sanitize_text"]
 
 # a surrogate code point on its own in a str; a valid pair was already joined by the decoder
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -21,3 +23,19 @@ def sanitize_text(text: str) -> str:
     if text.isascii():  # the common case, checked in C
         return text
     return _SURROGATES.sub("\ufffd", text)
+
+
+def parse_json(line: str) -> Any:
+    """One row of JSON from a file; every way the parser can fail (bad syntax, an integer of
+    more than 4,300 digits, nesting deeper than the recursion limit) is a ValueError whose
+    message starts "not valid JSON", for the caller to prefix with file and line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"not valid JSON ({error.msg} at column {error.colno}: {line[:60]!r})"
+        ) from None
+    except ValueError as error:
+        raise ValueError(f"not valid JSON ({error})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deep)") from None

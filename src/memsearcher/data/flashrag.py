@@ -8,13 +8,12 @@ accepted where the JSONL is missing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.text import sanitize_text
+from memsearcher.text import parse_json, sanitize_text
 from memsearcher.types import QAExample
 
 __all__ = [
@@ -90,11 +89,10 @@ def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as error:
-                raise MemSearcherError(
-                    f"{where}: not JSON ({error.msg} at column {error.colno}: {line[:60]!r})"
-                ) from None
+                row = parse_json(line)
+            except ValueError as error:
+                raise MemSearcherError(f"{where}: {error}") from None
+            yield where, row
 
 
 def _parquet_rows(path: Path) -> Iterable[tuple[str, Any]]:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.text import sanitize_text
+from memsearcher.text import parse_json, sanitize_text
 from memsearcher.types import Hit
 
 logger = logging.getLogger(__name__)
@@ -77,13 +77,11 @@ def parse_row(line: bytes | str, where: str = "<row>") -> Passage:
     try:
         if isinstance(line, bytes):
             line = line.decode("utf-8")
-        row: Any = json.loads(line)
+        row: Any = parse_json(line)
     except UnicodeDecodeError as error:
         raise CorpusError(f"{where}: not valid UTF-8 ({error.reason})") from None
-    except json.JSONDecodeError as error:
-        raise CorpusError(
-            f"{where}: not valid JSON ({error.msg} at column {error.colno}: {line[:60]!r})"
-        ) from None
+    except ValueError as error:
+        raise CorpusError(f"{where}: {error}") from None
     if not isinstance(row, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(row).__name__}")
     pid = row.get("id", row.get("_id"))
