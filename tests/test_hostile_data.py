@@ -13,6 +13,8 @@ import pytest
 from memsearcher.cli import main
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
+from memsearcher.eval.run import prediction_record
+from memsearcher.types import QAExample, Trajectory
 
 HUGE_INT = '{"id": ' + "7" * 5000 + ', "contents": "\\"Huge\\"\\nan id past the parser"}'
 DEEP = "[" * 200_000 + "]" * 200_000
@@ -48,3 +50,49 @@ def test_an_unparseable_question_row_names_file_and_line(tmp_path: Path, row: st
     path.write_text(f"{good}\n{row}\n", encoding="utf-8")
     with pytest.raises(MemSearcherError, match=rf"{path}:2: not valid JSON"):
         read_examples(path)
+
+
+@pytest.mark.parametrize(
+    ("golds", "wrong"),
+    [([""], "normalizes to nothing"), (["the"], "normalizes to nothing"),
+     ([None], "not a string"), (["Paris", 7], "not a string"), ("  ", "normalizes to nothing")],
+)  # fmt: skip
+def test_golds_that_cannot_be_scored_are_refused(tmp_path: Path, golds: object, wrong: str) -> None:
+    path = tmp_path / "dev.jsonl"
+    good = json.dumps({"id": "q1", "question": "who?", "golden_answers": ["x"]})
+    bad = json.dumps({"id": "q2", "question": "what?", "golden_answers": golds})
+    path.write_text(f"{good}\n{bad}\n", encoding="utf-8")
+    with pytest.raises(MemSearcherError, match=rf"{path}:2: golden answer .*{wrong}"):
+        read_examples(path)
+
+
+def test_an_objective_gold_that_cannot_be_scored_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dev.jsonl"
+    objectives = [
+        {"question": "a?", "golden_answers": ["x"]},
+        {"question": "b?", "golden_answers": ["an"]},
+    ]
+    row = {
+        "id": "q",
+        "question": "a? b?",
+        "golden_answers": ["x; y"],
+        "metadata": {"objectives": objectives},
+    }
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(MemSearcherError, match=rf"{path}:1: objective 2: golden answer .*nothing"):
+        read_examples(path)
+
+
+@pytest.mark.parametrize("golds", [("",), ("the",), ("a", "Paris")])
+def test_an_unanswered_question_scores_zero(golds: tuple[str, ...]) -> None:
+    example = QAExample(id="q", question="where?", golden_answers=golds)
+    unanswered = Trajectory(
+        example=example, agent="memsearcher", turns=(), sequences=(), end_reason="format_error"
+    )
+    record = prediction_record("nq", unanswered)
+    assert (record["prediction"], record["em"], record["f1"], record["acc"]) == (
+        None,
+        0.0,
+        0.0,
+        0.0,
+    )

@@ -80,8 +80,8 @@ def test_compose_cli_round_trips_through_flashrag(tmp_path: Path) -> None:
     "objectives, message",
     [
         ([], "non-empty list"),
-        ([{"question": "q?"}], "objective 1 needs"),
-        ([{"question": "q?", "golden_answers": []}], "objective 1 needs"),
+        ([{"question": "q?"}], "objective 1: 'golden_answers' must be"),
+        ([{"question": "q?", "golden_answers": []}], "objective 1: 'golden_answers' must be"),
         ([{"question": "q?", "golden_answers": ["x"]}, "no"], "objective 2 needs"),
     ],
 )

@@ -87,11 +87,11 @@ def test_paper_preset_has_the_reference_hyper_parameters() -> None:
 def test_training_questions_read_as_flashrag(tmp_path: Path) -> None:
     path = tmp_path / "q.jsonl"
     path.write_text(
-        '{"id": 1, "question": "Who?", "golden_answers": ["A", "B"], "metadata": {"s": 1}}\n\n'
+        '{"id": 1, "question": "Who?", "golden_answers": ["X", "B"], "metadata": {"s": 1}}\n\n'
         '{"id": "2", "question": "What?", "golden_answers": "C"}\n'
     )
     first, second = read_examples(path)
-    assert (first.id, first.golden_answers, first.metadata) == ("1", ("A", "B"), {"s": 1})
+    assert (first.id, first.golden_answers, first.metadata) == ("1", ("X", "B"), {"s": 1})
     assert second.golden_answers == ("C",)
 
 

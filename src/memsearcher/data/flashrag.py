@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.text import parse_json, sanitize_text
+from memsearcher.text import normalize_answer, parse_json, sanitize_text
 from memsearcher.types import QAExample
 
 __all__ = [
@@ -37,16 +37,9 @@ def _example(row: Mapping[str, Any], where: str) -> QAExample:
         raise MemSearcherError(
             f"{where}: a FlashRAG row needs 'id', 'question' and 'golden_answers'"
         ) from None
-    if isinstance(golds, str):
-        golds = [golds]
     if not isinstance(question, str) or not question.strip():
         raise MemSearcherError(f"{where}: 'question' must be a non-empty string")
-    try:
-        answers = tuple(sanitize_text(str(g)) for g in golds)
-    except TypeError:
-        raise MemSearcherError(f"{where}: 'golden_answers' must be a list of strings") from None
-    if not answers:
-        raise MemSearcherError(f"{where}: 'golden_answers' is empty")
+    answers = _golds([golds] if isinstance(golds, str) else golds, where)
     metadata = row.get("metadata") or {}
     if isinstance(metadata, Mapping) and "objectives" in metadata:
         _check_objectives(metadata["objectives"], where)
@@ -58,24 +51,34 @@ def _example(row: Mapping[str, Any], where: str) -> QAExample:
     )
 
 
+def _golds(golds: Any, where: str) -> tuple[str, ...]:
+    """Gold answers that can be scored: strings that normalize to something. A gold such as ""
+    or "the" equals an empty prediction, so an unanswered question would score EM 1."""
+    if not isinstance(golds, list) or not golds:
+        raise MemSearcherError(f"{where}: 'golden_answers' must be a non-empty list of strings")
+    for gold in golds:
+        if not isinstance(gold, str):
+            raise MemSearcherError(f"{where}: golden answer {gold!r:.40} is not a string")
+        if not normalize_answer(gold):
+            raise MemSearcherError(
+                f"{where}: golden answer {gold!r:.40} normalizes to nothing (no word left once "
+                "case, punctuation and articles go), so no answer could be scored against it"
+            )
+    return tuple(sanitize_text(gold) for gold in golds)
+
+
 def _check_objectives(objectives: Any, where: str) -> None:
     """A composed task's objectives (`memsearcher.data.compose`): each a question and its
     non-empty list of gold answers."""
     if not isinstance(objectives, list) or not objectives:
         raise MemSearcherError(f"{where}: metadata 'objectives' must be a non-empty list")
     for number, objective in enumerate(objectives, start=1):
-        golds = objective.get("golden_answers") if isinstance(objective, Mapping) else None
-        if (
-            not isinstance(objective, Mapping)
-            or not isinstance(objective.get("question"), str)
-            or not isinstance(golds, list)
-            or not golds
-            or not all(isinstance(g, str) for g in golds)
-        ):
+        if not isinstance(objective, Mapping) or not isinstance(objective.get("question"), str):
             raise MemSearcherError(
                 f"{where}: objective {number} needs a 'question' string and a non-empty "
                 "'golden_answers' list of strings"
             )
+        _golds(objective.get("golden_answers"), f"{where}: objective {number}")
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:

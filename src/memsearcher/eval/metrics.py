@@ -28,10 +28,10 @@ scored by the functions above, so N = 1 agrees with the single-question metrics.
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Callable, Sequence
+
+from memsearcher.text import normalize_answer
 
 __all__ = [
     "exact_match",
@@ -42,25 +42,8 @@ __all__ = [
     "sub_exact_match",
 ]
 
-_PUNCTUATION = frozenset(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
 # HotpotQA's special answers: a mismatch involving one of them earns no partial credit.
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
-
-
-def normalize_answer(text: str) -> str:
-    """Lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace.
-
-    The steps run in SQuAD/FlashRAG order, and the order matters: punctuation goes before
-    articles, so "the-end" becomes "theend" and keeps its "the". Only ``string.punctuation``
-    is removed; accents and non-ASCII punctuation ("é", "—", "’") stay. Articles are removed
-    as whole words only ("theory" keeps its "the"). Whitespace is anything ``str.split``
-    splits on, Unicode spaces included.
-    """
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
 
 
 def _as_gold_list(golden_answers: str | Sequence[str]) -> Sequence[str]:

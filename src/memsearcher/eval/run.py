@@ -121,9 +121,12 @@ class EvalConfig:
 METRICS = {"em": exact_match, "f1": f1_score, "acc": sub_exact_match}
 
 
-def _scores(example: QAExample, prediction: str) -> dict[str, float]:
+def _scores(example: QAExample, prediction: str | None) -> dict[str, float]:
     """EM, F1 and ACC; a composed multi-objective task sums them over its objectives with the
-    count rule (`objective_sum`), so its scores range over 0..N."""
+    count rule (`objective_sum`), so its scores range over 0..N. No answer scores 0, even
+    against a gold that normalizes to "" (one not read through `read_examples`)."""
+    if prediction is None:
+        return dict.fromkeys(METRICS, 0.0)
     if "objectives" not in example.metadata:
         return {k: metric(prediction, example.golden_answers) for k, metric in METRICS.items()}
     return {k: objective_sum(prediction, example.objectives, m) for k, m in METRICS.items()}
@@ -143,14 +146,13 @@ def prediction_record(
     ``seconds``: this question's share of the run's wall time (see `_answer_missing`).
     """
     example = trajectory.example
-    prediction = trajectory.answer or ""
     return {
         "id": example.id,
         "dataset": dataset,
         "question": example.question,
         "golden_answers": list(example.golden_answers),
         "prediction": trajectory.answer,
-        **_scores(example, prediction),
+        **_scores(example, trajectory.answer),
         "objectives": len(example.objectives),
         "end_reason": trajectory.end_reason,
         "turns": len(trajectory.turns),
