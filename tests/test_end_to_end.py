@@ -123,7 +123,7 @@ def test_cli_ask(tmp_path) -> None:  # type: ignore[no-untyped-def]
     ("args", "message"),
     [
         (["ask", "  "], "the question is empty"),
-        (["ask", "q", "--max-turns", "0"], "max_turns must be >= 1"),
+        (["ask", "q", "--max-turns", "0"], "max_turns must be an integer in [1, 1000]"),
         (["ask", "q", "--retriever", "/no/such/index"], "no such index folder"),
     ],
 )

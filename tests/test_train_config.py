@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from memsearcher.agent import AgentConfig
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
@@ -48,7 +49,7 @@ def config_to_dict_overrides(config: GRPOConfig) -> list[str]:
         ("group_sise=1", "valid keys: data, output_dir"),
         ("group_size=many", "group_size must be int"),
         ("group_size", "is not key=value"),
-        ("agent.max_turns=0", "max_turns must be >= 1"),
+        ("agent.max_turns=0", "max_turns must be an integer in"),
         ("mini_batch_questions=3", "must be a multiple of mini_batch_questions"),
         ("optim=3", "optim must be a section"),
     ],
@@ -241,3 +242,29 @@ def test_print_config_refuses_a_bad_config(capsys: pytest.CaptureFixture[str]) -
     assert main(["train", "sft", "--print-config", "optim.lr=-1e-5"]) == 2
     assert "optim.lr must be" in capsys.readouterr().err
     assert main(["train", "grpo", "--print-config", "optim.lr=2e-6"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("cls", "override", "message"),
+    [
+        (GRPOConfig, "group_size=1", "group_size must be >= 2 with advantage: grpo"),
+        (GRPOConfig, f"agent.max_turns={10**30}", r"max_turns must be an integer in \[1, 1000"),
+        (GRPOConfig, f"micro_batch_tokens={10**26}", r"micro_batch_tokens must be an integer in"),
+        (SFTConfig, f"micro_batch_tokens={10**26}", r"micro_batch_tokens must be an integer in"),
+    ],
+)  # fmt: skip
+def test_values_that_cannot_work_are_refused(cls: type, override: str, message: str) -> None:
+    with pytest.raises(MemSearcherError, match=message):
+        load_config(cls, None, [override])
+
+
+def test_floats_are_not_counts_even_from_python() -> None:
+    with pytest.raises(ValueError, match="max_turns must be an integer"):
+        AgentConfig(max_turns=1e30)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="micro_batch_tokens must be an integer"):
+        GRPOConfig(micro_batch_tokens=1e26)  # type: ignore[arg-type]
+
+
+def test_a_critic_needs_no_group() -> None:
+    config = load_config(GRPOConfig, PRESETS / "ppo-mem1.yaml")
+    assert (config.advantage, config.group_size) == ("gae", 1)

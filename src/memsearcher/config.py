@@ -22,7 +22,15 @@ import yaml
 
 from memsearcher.errors import MemSearcherError
 
-__all__ = ["changed_keys", "config_to_dict", "finite", "load_config", "positive", "require"]
+__all__ = [
+    "changed_keys",
+    "config_to_dict",
+    "count",
+    "finite",
+    "load_config",
+    "positive",
+    "require",
+]
 
 C = TypeVar("C")
 
@@ -36,6 +44,14 @@ def require(config: Any, name: str, ok: bool, rule: str) -> None:
     """A ValueError naming the field; `load_config` adds its section (``optim.lr``)."""
     if not ok:
         raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
+
+
+def count(config: Any, name: str, high: int, low: int = 1) -> None:
+    """Refuse a field that is not an integer in [low, high]: a float (``1e30``) is no count,
+    and a count past ``high`` cannot work on any machine."""
+    value = getattr(config, name)
+    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    require(config, name, ok, f"an integer in [{low}, {high}]")
 
 
 def positive(config: Any, *names: str) -> None:

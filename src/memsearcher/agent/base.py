@@ -14,9 +14,18 @@ from typing import Any
 
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
 from memsearcher.agent.prompts import TOOL_NAME, Templates
+from memsearcher.config import count
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.text import sanitize_text
 from memsearcher.types import EndReason, Hit, QAExample, TokenSequence, Trajectory, Turn
+
+MAX_TURNS = 1000
+"""More turns than any search episode needs (the paper evaluates with 20); each is a model call
+and, in training, a sequence held until the step's update."""
+MAX_GENERATION_TOKENS = 1 << 20
+"""A generation budget past a million tokens exceeds the context of the models we run."""
+MAX_TOP_N = 1000
+"""Passages per search; a thousand passages do not fit in any prompt."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +44,11 @@ class AgentConfig:
     """Upper bound on a ``top_n`` the model asks for."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "memory_tokens", "max_new_tokens", "top_n", "max_top_n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        count(self, "max_turns", MAX_TURNS)
+        for name in ("memory_tokens", "max_new_tokens"):
+            count(self, name, MAX_GENERATION_TOKENS)
+        for name in ("top_n", "max_top_n"):
+            count(self, name, MAX_TOP_N)
         if self.top_n > self.max_top_n:
             raise ValueError(f"top_n ({self.top_n}) exceeds max_top_n ({self.max_top_n})")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsearcher.agent.base import AgentConfig
-from memsearcher.config import config_to_dict, finite, load_config, positive, require
+from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.schedules import SCHEDULES
 
@@ -31,6 +31,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Below this lr, AdamW's steps (about lr per update) are smaller than half the bfloat16 spacing
 # (|w| / 512) of every weight larger than lr * 512 (0.05 at 1e-4): such weights never move.
 LOW_PRECISION_MIN_LR = 1e-4
+
+MAX_MICRO_BATCH_TOKENS = 1 << 24
+"""Padded tokens of one forward/backward pass: 16M tokens' activations fit on no accelerator."""
 
 ADVANTAGES = ("grpo", "gae")
 """grpo: each trajectory's group-normalized reward on all its tokens (DESIGN.md section 6);
@@ -212,7 +215,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         _check_grpo(self)
         positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
-        positive(self, "micro_batch_tokens", "log_every", "save_every")
+        positive(self, "log_every", "save_every")
+        count(self, "micro_batch_tokens", MAX_MICRO_BATCH_TOKENS)
         if self.questions_per_step % self.mini_batch_questions:
             raise MemSearcherError(
                 f"questions_per_step ({self.questions_per_step}) must be a multiple of "
@@ -273,7 +277,8 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         require(self, "max_sequence_tokens", self.max_sequence_tokens >= 0, ">= 0")
-        positive(self, "epochs", "sequences_per_step", "micro_batch_tokens", "log_every")
+        positive(self, "epochs", "sequences_per_step", "log_every")
+        count(self, "micro_batch_tokens", MAX_MICRO_BATCH_TOKENS)
         positive(self, "save_every")
         require(self, "steps", self.steps >= 0, ">= 0 (0: epochs passes over the data)")
         require(self, "seed", self.seed >= 0, ">= 0")
@@ -324,6 +329,9 @@ def _check_grpo(config: GRPOConfig) -> None:
     require(config, "advantage", config.advantage in ADVANTAGES, f"one of {list(ADVANTAGES)}")
     require(config, "entropy_coef", finite(config.entropy_coef) and config.entropy_coef >= 0,
             "a finite number >= 0")  # fmt: skip
+    if config.advantage == "grpo":
+        rule = ">= 2 with advantage: grpo (one trajectory is its own group mean: advantage 0)"
+        require(config, "group_size", config.group_size >= 2, rule)
     if config.advantage == "gae":
         rule = "false with advantage: gae (groups are GRPO's; the critic learns from all)"
         require(config, "filter_degenerate", not config.filter_degenerate, rule)
