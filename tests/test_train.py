@@ -519,3 +519,75 @@ def test_grpo_and_ppo_refuse_a_used_folder_and_a_changed_config(
     assert train_cli("ppo", out, *run, resume=True) == 2
     assert "other settings (advantage)" in capsys.readouterr().err
     assert checkpoint_bytes(out) == before
+
+
+@pytest.fixture(scope="module")
+def one_step(
+    tiny: Path, replay_trajectories: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A real run's first checkpoint, for the damage tests to copy."""
+    out = tmp_path_factory.mktemp("one-step")
+    train_sft(sft_config(tiny, replay_trajectories, out, "steps=1"))
+    return out / "step-1"
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated weights": ("model/model.safetensors", _truncate, "model.safetensors"),
+    "empty optimizer": ("optimizer.pt", lambda p: p.write_bytes(b""), "optimizer.pt"),
+    "state a list": ("state.json", lambda p: p.write_text("[]"), "state.json.*'step'"),
+    "state without step": (
+        "state.json",
+        lambda p: p.write_text('{"world_size": 1}'),
+        "state.json.*'step'",
+    ),
+    "foreign scheduler": (
+        "scheduler.json",
+        lambda p: p.write_text('{"T_max": 10, "eta_min": 0}'),
+        "scheduler.json.*schedule",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_names_its_file(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path, one_step: Path, damage: str
+) -> None:
+    target, spoil, message = DAMAGE[damage]
+    out = tmp_path / "out"
+    shutil.copytree(one_step, out / "step-1")
+    spoil(out / "step-1" / target)
+    with pytest.raises(MemSearcherError, match=message):
+        train_sft(sft_config(tiny, replay_trajectories, out, "steps=2"), resume=True)
+    assert not (out / "step-2").exists()
+
+
+@pytest.mark.slow
+def test_a_published_checkpoint_was_synced_before_its_rename(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut after the rename must not leave a step-N of empty files: every file is
+    fsynced while it still lies in the staging folder. os.fsync is wrapped (and still runs) to
+    see which files it reached; no disk here can be made to lose power."""
+    import os
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = tmp_path / "out"
+    train_sft(sft_config(tiny, replay_trajectories, out, "steps=1"))
+    staged = {
+        str(out / ".step-1.tmp" / p.relative_to(out / "step-1"))
+        for p in (out / "step-1").rglob("*")
+        if p.is_file()
+    }
+    assert staged and staged <= set(synced)

@@ -129,8 +129,12 @@ def save_checkpoint(
         # state.json last: latest_checkpoint treats a folder without it as incomplete.
         state = {**state, "step": step, "world_size": runtime.world_size}
         _write_json(staging / "state.json", state)
+        # Synced before the rename publishes them: after a power cut the rename could reach
+        # the disk before the data, leaving a complete-looking step-N of empty files.
+        _sync_tree(staging)
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
+        _sync(final.parent)
     barrier(runtime)
     return final
 
@@ -146,7 +150,12 @@ def load_checkpoint(
     folder = Path(folder)
     if not (folder / "state.json").is_file():
         raise MemSearcherError(f"{folder} is not a complete checkpoint (no state.json)")
-    state: dict[str, Any] = _read_json(folder / "state.json")
+    state = _read_json(folder / "state.json")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise MemSearcherError(
+            f"{folder / 'state.json'}: not a checkpoint state (an object with an integer "
+            f"'step'), got {json.dumps(state)[:80]}"
+        )
     if state.get("world_size") != runtime.world_size:
         raise MemSearcherError(
             f"{folder} was written by {state.get('world_size')} ranks; resuming on "
@@ -157,8 +166,13 @@ def load_checkpoint(
         load_full_state(model, optimizer, _read_weights(folder / "model"), optim)
     else:
         _load_weights(unwrap(model), folder / "model")
-        optimizer.load_state_dict(optim)
-    scheduler.load_state_dict(_read_json(folder / "scheduler.json"))
+        try:
+            optimizer.load_state_dict(optim)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise MemSearcherError(
+                f"{folder / 'optimizer.pt'}: does not fit this run's optimizer ({error!r:.200})"
+            ) from None
+    _load_scheduler(scheduler, folder / "scheduler.json")
     rng = folder / f"rng-rank{runtime.rank}.json"
     if not rng.is_file():
         raise MemSearcherError(f"{folder}: no {rng.name} (written by an older memsearcher?)")
@@ -220,6 +234,41 @@ def load_full_state(
     set_optimizer_state_dict(model, optimizer, optim, options=options)
 
 
+# What a LambdaLR's state holds in every torch version (the private keys come and go).
+_SCHEDULE_KEYS = frozenset({"base_lrs", "last_epoch", "lr_lambdas"})
+
+
+def _load_scheduler(scheduler: Any, path: Path) -> None:
+    saved = _read_json(path)
+    groups = len(scheduler.base_lrs)
+    if (
+        not isinstance(saved, dict)
+        or not set(saved) >= _SCHEDULE_KEYS
+        or not isinstance(saved["base_lrs"], list)
+        or len(saved["base_lrs"]) != groups
+    ):
+        raise MemSearcherError(
+            f"{path}: not the state of this run's schedule (a LambdaLR over {groups} parameter "
+            f"group(s), with {sorted(_SCHEDULE_KEYS)}), found {json.dumps(saved)[:80]}"
+        )
+    scheduler.load_state_dict(saved)
+
+
+def _sync(path: Path) -> None:
+    """fsync a file or a folder (a folder's entries: the names of the files in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):  # files before their folders
+        _sync(path)
+    _sync(folder)
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
@@ -241,16 +290,20 @@ def _load_tensors(path: Path, device: torch.device) -> Any:
             f"{path}: not loaded: it holds pickled objects other than tensors, and unpickling "
             "them could run code"
         ) from None
-    except (OSError, RuntimeError) as error:
-        raise MemSearcherError(f"{path}: not loaded ({error})") from None
+    except (OSError, RuntimeError, EOFError) as error:
+        raise MemSearcherError(f"{path}: not loaded ({error!r})") from None
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(shard))
+        try:
+            weights.update(load_file(shard))
+        except (OSError, SafetensorError) as error:
+            raise MemSearcherError(f"{shard}: not loaded, damaged or cut short ({error})") from None
     if not weights:
         raise MemSearcherError(f"{folder}: no safetensors weights")
     return weights
