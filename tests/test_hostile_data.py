@@ -66,6 +66,13 @@ def test_golds_that_cannot_be_scored_are_refused(tmp_path: Path, golds: object, 
         read_examples(path)
 
 
+def test_a_gold_that_normalizes_to_nothing_beside_others_is_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "dev.jsonl"
+    row = {"id": "q", "question": "which band?", "golden_answers": ["The The", "", "Matt Johnson"]}
+    path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    assert read_examples(path)[0].golden_answers == ("Matt Johnson",)
+
+
 def test_an_objective_gold_that_cannot_be_scored_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "dev.jsonl"
     objectives = [

@@ -52,19 +52,22 @@ def _example(row: Mapping[str, Any], where: str) -> QAExample:
 
 
 def _golds(golds: Any, where: str) -> tuple[str, ...]:
-    """Gold answers that can be scored: strings that normalize to something. A gold such as ""
-    or "the" equals an empty prediction, so an unanswered question would score EM 1."""
+    """The gold answers that can be scored: strings that normalize to something. A gold such as
+    "" or "the" would equal an empty prediction, so it is left out; a question left with no
+    gold is refused (a real answer such as the band "The The" normalizes to nothing too, so
+    one such gold beside others does not sink a benchmark's file)."""
     if not isinstance(golds, list) or not golds:
         raise MemSearcherError(f"{where}: 'golden_answers' must be a non-empty list of strings")
     for gold in golds:
         if not isinstance(gold, str):
             raise MemSearcherError(f"{where}: golden answer {gold!r:.40} is not a string")
-        if not normalize_answer(gold):
-            raise MemSearcherError(
-                f"{where}: golden answer {gold!r:.40} normalizes to nothing (no word left once "
-                "case, punctuation and articles go), so no answer could be scored against it"
-            )
-    return tuple(sanitize_text(gold) for gold in golds)
+    scored = tuple(sanitize_text(gold) for gold in golds if normalize_answer(gold))
+    if not scored:
+        raise MemSearcherError(
+            f"{where}: golden answer {golds[0]!r:.40} normalizes to nothing (no word left once "
+            "case, punctuation and articles go), so no answer could be scored against it"
+        )
+    return scored
 
 
 def _check_objectives(objectives: Any, where: str) -> None:
