@@ -201,7 +201,10 @@ def add_error_handlers(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def failed(request: Any, error: Exception) -> Any:
-        return JSONResponse({"detail": f"internal error: {type(error).__name__}"}, 500)
+        # our own errors are written for the operator (a corpus that changed under the index);
+        # anything else may carry internals, so only its type is named
+        said = f": {error}" if isinstance(error, MemSearcherError) else ""
+        return JSONResponse({"detail": f"internal error: {type(error).__name__}{said}"}, 500)
 
 
 def _timeouts_from_env() -> Timeouts:

@@ -8,7 +8,7 @@ A corpus must hold at least one passage, and its ids must be unique (a hit names
 id), so both are checked when the corpus is scanned.
 
 Indexes do not copy the text: they keep each passage's byte offset in the corpus file and read
-passages back through a memory map (:class:`PassageStore`), so a 21M-passage corpus costs 8 bytes
+passages back by offset (:class:`PassageStore`), so a 21M-passage corpus costs 8 bytes
 per passage in memory, not its 13 GB of text.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 from array import array
 from collections.abc import Iterator
@@ -210,33 +209,62 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
 
 
 class PassageStore:
-    """Random access to a corpus by row number, through a memory map and saved byte offsets."""
+    """Random access to a corpus by row number, through saved byte offsets.
+
+    Rows are read with ``os.pread``, not through a memory map: a map of a file that is then
+    truncated kills the process with SIGBUS on the next read past the new end, with no chance to
+    log. Before each lookup the file's size, mtime and inode are compared with those seen at
+    opening (one ``os.stat``), and a corpus changed or replaced since then is a
+    :class:`CorpusError`: the index's offsets no longer point at its passages.
+    """
 
     def __init__(self, corpus: str | Path, offsets: np.ndarray) -> None:
         self.path = Path(corpus)
         self.offsets = offsets
-        with self.path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self._fd: int | None = os.open(self.path, os.O_RDONLY)
+        self._seen = _identity(os.fstat(self._fd))
 
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def check(self) -> None:
+        """Raise :class:`CorpusError` if the corpus file changed since the store opened it."""
+        try:
+            now: tuple[int, int, int] | None = _identity(os.stat(self.path))
+        except OSError:
+            now = None
+        if now != self._seen:
+            raise CorpusError(
+                f"corpus {self.path} changed after it was opened (size, mtime or inode differ, "
+                "or it is gone): its passages can no longer be read; restore the file, or "
+                "rebuild the index and restart"
+            )
+
     def raw(self, row: int) -> bytes:
         """The JSON line of passage ``row``, without its newline."""
-        if self._map is None:
-            raise IndexError(row)
+        if self._fd is None:
+            raise CorpusError(f"passage store of {self.path} is closed")
         start = int(self.offsets[row])
-        end = self._map.find(b"\n", start)
-        return self._map[start : end if end >= 0 else len(self._map)]
+        # a row ends before the next row starts (or at the end of the file)
+        end = int(self.offsets[row + 1]) if row + 1 < len(self.offsets) else self._seen[0]
+        return os.pread(self._fd, end - start, start).partition(b"\n")[0]
 
     def get(self, row: int) -> Passage:
-        return parse_row(self.raw(row), f"{self.path}: passage {row}")
+        self.check()
+        return self._parse(row)
 
     def hits(self, rows: np.ndarray | list[int], scores: np.ndarray | list[float]) -> list[Hit]:
-        return [self.get(int(r)).to_hit(float(s)) for r, s in zip(rows, scores, strict=True)]
+        self.check()
+        return [self._parse(int(r)).to_hit(float(s)) for r, s in zip(rows, scores, strict=True)]
+
+    def _parse(self, row: int) -> Passage:
+        return parse_row(self.raw(row), f"{self.path}: passage {row}")
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int]:
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino
