@@ -9,14 +9,20 @@ other. Every loop is bounded in count and in time.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from _servers import free_port, running
+from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
 from memsearcher.retrieval.corpus import write_corpus
@@ -37,13 +43,20 @@ def own_index(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def retriever(own_index: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def serve_retriever(folder: Path, *options: str) -> Iterator[str]:
+    """The base URL of a retrieval server on ``folder``'s index, while the block runs."""
     port = free_port()
     command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve", "--port", str(port)]
-    command += ["--index", str(own_index / "index")]
+    command += ["--index", str(folder / "index"), *options]
     url = f"http://127.0.0.1:{port}"
-    with running(command, f"{url}/health", own_index / "retrieval.log", _env(), 60):
+    with running(command, f"{url}/health", folder / "retrieval.log", _env(), 60):
+        yield url
+
+
+@pytest.fixture
+def retriever(own_index: Path) -> Iterator[str]:
+    with serve_retriever(own_index) as url:
         yield url
 
 
@@ -65,3 +78,67 @@ def test_a_corpus_rewritten_in_place_fails_requests_not_the_server(
         assert answer.status_code == 500, answer.text[:300]
         assert "changed" in answer.json()["detail"] and "corpus.jsonl" in answer.json()["detail"]
     assert httpx.get(f"{retriever}/health", timeout=10).status_code == 200
+
+
+# -- clients that hang up -----------------------------------------------------------------------
+
+
+def send_request(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """A raw connection that has sent one whole JSON POST and reads nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\ncontent-type: application/json\r\n"
+    sock.sendall(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_searches_whose_clients_left_free_their_places(own_index: Path) -> None:
+    # 4 x 2,048 queries of 100 passages fill the pending places, and take seconds each
+    limits = ["--max-queries", "2048", "--max-pending-queries", "8192"]
+    with serve_retriever(own_index, *limits) as url:
+        big = {"query": [f"film music war {i}" for i in range(2048)], "top_n": 100}
+        socks = [send_request(url, "/batch_search", big) for _ in range(4)]
+        assert wait_for(lambda: pending(url) == 8192)
+        for sock in socks:
+            sock.close()
+        started = time.monotonic()
+        answer = httpx.post(f"{url}/search", json={"query": "film"}, timeout=30)
+        assert answer.status_code == 200, answer.text  # not 503: nobody waits for that work
+        assert time.monotonic() - started < 10
+        assert pending(url) == 0
+
+
+@pytest.fixture
+def agent(own_index: Path) -> Iterator[str]:
+    port = free_port()
+    model = save_tiny_model(own_index / "tiny")
+    command = [sys.executable, "-m", "memsearcher.cli", "serve", "--port", str(port)]
+    command += ["--model", str(model), "--index", str(own_index / "index"), "--device", "cpu"]
+    command += ["--max-turns", "1", "--max-new-tokens", "256", "--memory-tokens", "8"]
+    command += ["--max-batch", "1"]  # questions wait for each other: time for clients to leave
+    url = f"http://127.0.0.1:{port}"
+    with running(command, f"{url}/health", own_index / "agent.log", _env(), 120):
+        yield url
+
+
+def pending(url: str) -> int:
+    return int(httpx.get(f"{url}/health", timeout=10).json()["pending"])
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 5) -> bool:
+    """Whether ``condition()`` holds within ``seconds``, asked every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_questions_whose_clients_left_free_their_places(agent: str) -> None:
+    socks = [send_request(agent, "/v1/answer", {"question": f"Who {i}?"}) for i in range(8)]
+    assert wait_for(lambda: pending(agent) == 8)
+    for sock in socks:
+        sock.close()
+    assert wait_for(lambda: pending(agent) == 0, 1), f"{pending(agent)} still pending"

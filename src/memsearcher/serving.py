@@ -7,6 +7,8 @@
 - :class:`TimedH11Protocol`: uvicorn's HTTP/1.1 protocol with read timeouts, which uvicorn
   lacks: a client that connects and sends nothing, trickles its headers, or trickles its body
   gets 408 and is disconnected, and a kept-alive connection waits ``idle`` seconds at most.
+- :func:`unless_gone`: a request's work is cancelled as soon as its client hangs up, so that
+  work nobody waits for stops holding a place in the queue.
 - JSON answers for a full queue (:class:`memsearcher.worker.Busy`: 503 with Retry-After), for
   invalid requests (422, saying where the JSON broke) and for faults (500): never plain text.
 
@@ -18,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.worker import Busy
@@ -29,6 +32,7 @@ from memsearcher.worker import Busy
 try:
     import h11
     import uvicorn
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -39,13 +43,18 @@ except ImportError as error:  # only the servers need these; say how to get them
 
 __all__ = [
     "BodyGuard",
+    "ClientGone",
     "HostGuard",
     "TimedH11Protocol",
     "Timeouts",
     "add_error_handlers",
     "allowed_hosts",
     "run_server",
+    "unless_gone",
 ]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -180,8 +189,38 @@ class HostGuard:
         await self.app(scope, receive, send)
 
 
+class ClientGone(MemSearcherError):
+    """The client hung up before its answer was ready."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    # once the body is read, uvicorn's receive() waits until the connection is lost
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """The result of ``work``, or :class:`ClientGone` as soon as the client hangs up first.
+
+    The work is then cancelled: a request still queued leaves the queue and its place (the 503
+    bound) is free at once. Work already running in a worker thread cannot be stopped; it runs
+    to its end and its answer is dropped.
+    """
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # nothing, if it is done
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise ClientGone("the client hung up; its request was dropped")
+
+
 def add_error_handlers(app: Any) -> None:
-    """JSON for every failure: validation (422), a full queue (503), anything else (500)."""
+    """JSON for every failure: validation (422), a full queue (503), a client that hung up
+    (499, sent to nobody), anything else (500)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Any, error: RequestValidationError) -> Any:
@@ -194,6 +233,11 @@ def add_error_handlers(app: Any) -> None:
                 msg = f"not valid JSON: {e.get('ctx', {}).get('error', msg)} (at character {where})"
             detail.append({"loc": list(e.get("loc", ())), "msg": msg, "type": e.get("type", "")})
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Any, error: ClientGone) -> Any:
+        logger.info("%s %s: %s", request.method, request.url.path, error)
+        return JSONResponse({"detail": str(error)}, 499)  # nginx's "client closed request"
 
     @app.exception_handler(Busy)
     async def busy(request: Any, error: Busy) -> Any:

@@ -35,7 +35,7 @@ from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episod
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, SamplingParams
 from memsearcher.retrieval.base import Retriever
-from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers
+from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers, unless_gone
 from memsearcher.text import sanitize_text
 from memsearcher.types import QAExample, Trajectory
 from memsearcher.worker import QueueWorker
@@ -218,9 +218,10 @@ def create_app(
         return replace(service.agent_config, **changes)
 
     @app.post("/v1/answer", summary="Answer a question with the agent")
-    async def answer(request: AnswerRequest) -> Any:
+    async def answer(request: AnswerRequest, http: fastapi.Request) -> Any:
         question = check_question(request.question)
-        trajectory = await service.answer(question, agent_config(request.max_turns, request.top_n))
+        work = service.answer(question, agent_config(request.max_turns, request.top_n))
+        trajectory = await unless_gone(http, work)
         return JSONResponse(
             {
                 "answer": trajectory.answer,
@@ -233,7 +234,7 @@ def create_app(
         )
 
     @app.post("/v1/chat/completions", summary="OpenAI-style: the last user message is asked")
-    async def chat(request: ChatRequest) -> Any:
+    async def chat(request: ChatRequest, http: fastapi.Request) -> Any:
         if request.stream:
             raise fastapi.HTTPException(400, "streaming is not supported; set stream to false")
         if len(request.messages) > config.max_messages:
@@ -241,7 +242,8 @@ def create_app(
         users = [m.content for m in request.messages if m.role == "user" and m.content]
         if not users:
             raise fastapi.HTTPException(422, "no user message with text content")
-        trajectory = await service.answer(check_question(users[-1]), service.agent_config)
+        work = service.answer(check_question(users[-1]), service.agent_config)
+        trajectory = await unless_gone(http, work)
         prompt_tokens = sum(t.prompt_tokens for t in trajectory.turns)
         completion_tokens = sum(t.generated_tokens for t in trajectory.turns)
         return JSONResponse(

@@ -39,6 +39,7 @@ from memsearcher.serving import (
     add_error_handlers,
     allowed_hosts,
     run_server,
+    unless_gone,
 )
 from memsearcher.text import sanitize_text
 from memsearcher.types import Hit
@@ -207,8 +208,9 @@ def create_app(
                 )
         return [sanitize_text(query) for query in queries]
 
-    async def search(queries: list[str], top_n: int) -> list[list[Hit]]:
-        results: list[list[Hit]] = await app.state.batcher.search(check(queries, top_n), top_n)
+    async def search(http: fastapi.Request, queries: list[str], top_n: int) -> list[list[Hit]]:
+        work = app.state.batcher.search(check(queries, top_n), top_n)
+        results: list[list[Hit]] = await unless_gone(http, work)
         return results
 
     def respond(body: Any) -> JSONResponse:
@@ -223,29 +225,29 @@ def create_app(
         return response
 
     @app.post("/search", summary="Search one query (MemSearcher)")
-    async def search_one(request: SearchRequest) -> Any:
+    async def search_one(request: SearchRequest, http: fastapi.Request) -> Any:
         """Returns ``[{"id", "contents"}, ...]``, or ``[[docs], [scores]]`` with
         ``return_score``."""
-        hits = (await search([request.query], request.top_n))[0]
+        hits = (await search(http, [request.query], request.top_n))[0]
         docs = [_doc(h) for h in hits]
         body = [docs, [h.score for h in hits]] if request.return_score else docs
         return respond(body)
 
     @app.post("/batch_search", summary="Search several queries (MemSearcher)")
-    async def batch_search(request: BatchSearchRequest) -> Any:
+    async def batch_search(request: BatchSearchRequest, http: fastapi.Request) -> Any:
         """Returns one list of ``{"id", "contents"}`` per query, or ``[[lists of docs],
         [lists of scores]]`` with ``return_score``."""
-        results = await search(request.query, request.top_n)
+        results = await search(http, request.query, request.top_n)
         docs = [[_doc(h) for h in hits] for hits in results]
         if request.return_score:
             return respond([docs, [[h.score for h in hits] for hits in results]])
         return respond(docs)
 
     @app.post("/retrieve", summary="Search several queries (Search-R1)")
-    async def retrieve(request: RetrieveRequest) -> Any:
+    async def retrieve(request: RetrieveRequest, http: fastapi.Request) -> Any:
         """Returns ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}``,
         or plain documents without ``return_scores``."""
-        results = await search(request.queries, request.topk)
+        results = await search(http, request.queries, request.topk)
         if request.return_scores:
             result: list[Any] = [
                 [{"document": _doc(h), "score": h.score} for h in hits] for hits in results
@@ -260,7 +262,10 @@ def create_app(
         re-ranking indexes the page cache this worker maps of the re-rank file, apart."""
         memory = getattr(retriever, "memory", None)
         extra = {"memory": memory()} if callable(memory) else {}
-        return JSONResponse({"status": "ok", **info, **extra, "limits": asdict(config)})
+        pending = app.state.batcher.pending
+        return JSONResponse(
+            {"status": "ok", **info, **extra, "pending": pending, "limits": asdict(config)}
+        )
 
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
     app.add_middleware(HostGuard, hosts=hosts)  # added last, so it runs first
