@@ -21,12 +21,22 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from _servers import free_port, running
 from tiny_model import save_tiny_model
 
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.cli import main
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.embedded import embedded_model_path
+from memsearcher.llm.scripted import Reply, ScriptedLLM
+from memsearcher.llm.tokenizer import load_tokenizer
+from memsearcher.retrieval.client import HTTPRetriever
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
+from memsearcher.rl.rewards import trajectory_reward
+from memsearcher.rl.rollout import rollout_metrics
+from memsearcher.types import QAExample, Trajectory
 
 
 def _env() -> dict[str, str]:
@@ -142,3 +152,52 @@ def test_questions_whose_clients_left_free_their_places(agent: str) -> None:
     for sock in socks:
         sock.close()
     assert wait_for(lambda: pending(agent) == 0, 1), f"{pending(agent)} still pending"
+
+
+# -- searches the server refuses, in a rollout --------------------------------------------------
+
+
+def ask_for(queries: dict[str, str]) -> Reply:
+    """A scripted policy: search once with the query named for the question, then answer."""
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        if "</memory>" in params.stop:
+            return "<memory> noted </memory>"
+        if "<memory> noted </memory>" in prompt:
+            return "<think> done </think>\n\\boxed{Paris}"
+        (query,) = [q for question, q in queries.items() if question in prompt]
+        call = json.dumps({"name": "wikipedia_search", "arguments": {"query": query}})
+        return f"<think> search </think>\n<tool_call>{call}</tool_call>"
+
+    return reply
+
+
+def roll_out(url: str, queries: dict[str, str]) -> list[Trajectory]:
+    """One lockstep round of the memsearcher agent over HTTP, as train_grpo runs it."""
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    examples = [QAExample(f"q{i}", q, ("Paris",)) for i, q in enumerate(queries)]
+    config = AgentConfig(max_turns=3, max_new_tokens=2048)  # room for a 5,000-character query
+    episodes = start_episodes("memsearcher", examples, tokenizer, config)
+    with HTTPRetriever(url, retries=0) as retriever:
+        llm = ScriptedLLM(tokenizer, ask_for(queries))
+        return run_lockstep(episodes, llm, retriever, SamplingParams())
+
+
+def test_an_over_long_query_is_cut_to_the_servers_limit(retriever: str) -> None:
+    queries = {f"Question {i}?": "landmarks of the city" for i in range(3)}
+    queries["Question 3?"] = "landmarks " * 500  # 5,000 characters: over max_query_chars
+    trajectories = roll_out(retriever, queries)
+    assert [t.end_reason for t in trajectories] == ["answer"] * 4
+    assert all(t.turns[0].hits for t in trajectories)
+
+
+def test_a_refused_search_ends_only_its_own_episode(own_index: Path) -> None:
+    # answers over 1,000 bytes are refused: 'landmarks' finds 5 passages, 'zzqxv' none
+    with serve_retriever(own_index, "--max-response-bytes", "1000") as url:
+        queries = {"Question 0?": "zzqxv", "Question 1?": "landmarks of the city"}
+        trajectories = roll_out(url, queries)
+    assert [t.end_reason for t in trajectories] == ["answer", "search_error"]
+    assert "max_response_bytes" in (trajectories[1].error or "")
+    rewards = torch.tensor([trajectory_reward(t) for t in trajectories])
+    assert rewards.tolist() == [1.0, 0.0]
+    assert rollout_metrics(trajectories, rewards)["rollout/search_error"] == 0.5

@@ -94,7 +94,9 @@ class Turn:
     """The parse failure that ended the trajectory in this turn, if any."""
 
 
-EndReason = Literal["answer", "format_error", "max_turns", "length", "context_limit"]
+EndReason = Literal[
+    "answer", "format_error", "max_turns", "length", "context_limit", "search_error"
+]
 
 
 @dataclass(frozen=True)

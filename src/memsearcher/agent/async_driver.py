@@ -21,7 +21,7 @@ from typing import Protocol
 
 from memsearcher.agent.base import Episode, Generate, Search
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer, derive_seed
-from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.base import Retriever, SearchRefused
 from memsearcher.types import Hit, Trajectory
 from memsearcher.worker import QueueWorker
 
@@ -119,8 +119,12 @@ async def drive(
         if isinstance(request, Generate):
             episode.on_generation(await generate(request))
         elif isinstance(request, Search):
-            hits = await search(request)
-            episode.on_search(hits[: request.top_n])
+            try:
+                hits = await search(request)
+            except SearchRefused as error:  # this episode's query, not the run, is at fault
+                episode.end("search_error", str(error))
+            else:
+                episode.on_search(hits[: request.top_n])
     return episode.result()
 
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from memsearcher.agent.base import Episode, Generate, Search
 from memsearcher.llm.base import LLM, SamplingParams, derive_seed
-from memsearcher.retrieval.base import Retriever
-from memsearcher.types import Trajectory, Turn
+from memsearcher.retrieval.base import Retriever, SearchRefused
+from memsearcher.types import Hit, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,30 @@ def run_lockstep(
                 episodes[i].on_generation(completion)
         if searches:
             requests = [_search_request(episodes[i]) for i in searches]
-            results = retriever.search([r.query for r in requests], max(r.top_n for r in requests))
-            for i, request, hits in zip(searches, requests, results, strict=True):
-                episodes[i].on_search(hits[: request.top_n])
+            queries, top_n = [r.query for r in requests], max(r.top_n for r in requests)
+            for i, request, hits in zip(
+                searches, requests, search_apart(retriever, queries, top_n), strict=True
+            ):
+                if isinstance(hits, SearchRefused):
+                    episodes[i].end("search_error", str(hits))
+                else:
+                    episodes[i].on_search(hits[: request.top_n])
         report()
     report()
     return [episode.result() for episode in episodes]
+
+
+def search_apart(
+    retriever: Retriever, queries: Sequence[str], top_n: int
+) -> list[list[Hit] | SearchRefused]:
+    """``retriever.search(queries, top_n)``; if the retriever refuses the batch, each query
+    alone, so that a refused query (one the server will not take) fails alone."""
+    try:
+        return list(retriever.search(queries, top_n))
+    except SearchRefused as error:
+        if len(queries) == 1:
+            return [error]
+    return [search_apart(retriever, [query], top_n)[0] for query in queries]
 
 
 def _generate_request(episode: Episode) -> Generate:

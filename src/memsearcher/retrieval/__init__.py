@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.base import Retriever, SearchRefused
 from memsearcher.retrieval.corpus import CorpusError, Passage, read_corpus
 from memsearcher.retrieval.embedded import embedded_corpus_path, load_embedded_retriever
 from memsearcher.retrieval.manifest import IndexFolderError, read_manifest
@@ -24,6 +24,7 @@ __all__ = [
     "IndexFolderError",
     "Passage",
     "Retriever",
+    "SearchRefused",
     "embedded_corpus_path",
     "format_hits",
     "load_embedded_retriever",

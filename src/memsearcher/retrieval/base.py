@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from memsearcher.errors import MemSearcherError
 from memsearcher.types import Hit
+
+
+class SearchRefused(MemSearcherError):
+    """A retriever refused these queries (a server's 4xx): the fault is in the request, not in
+    the retriever, so the agent drivers end only the episode that asked (``"search_error"``)."""
 
 
 class Retriever(Protocol):

@@ -3,7 +3,12 @@ protocol as a local index, ``AsyncHTTPRetriever`` is its asyncio twin.
 
 It posts to ``/batch_search`` (so it also works against MemSearcher-style servers), retries
 connection failures, timeouts, 429 and 5xx answers with exponential backoff, and turns anything
-it cannot recover from into a :class:`MemSearcherError` that names the server.
+it cannot recover from into a :class:`MemSearcherError` that names the server. Before its first
+search it reads the server's limits from ``/health`` (a server without them is taken as it
+comes): queries longer than ``max_query_chars`` are cut to it, as a model's runaway query should
+cost its episode some words, not the whole rollout, and batches hold ``max_queries`` at most. A
+request the server still refuses (4xx) is a :class:`RequestRefused`, which the agent drivers
+turn into a ``"search_error"`` end of the one episode that asked.
 
 httpx is optional: ``pip install 'memsearcher[server]'``.
 """
@@ -18,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.retrieval.base import check_search_args
+from memsearcher.retrieval.base import SearchRefused, check_search_args
 from memsearcher.retrieval.corpus import split_contents
 from memsearcher.text import sanitize_text
 from memsearcher.types import Hit
@@ -31,6 +36,10 @@ _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 class RetrievalServerError(MemSearcherError):
     """The retrieval server could not be reached, or refused a request."""
+
+
+class RequestRefused(RetrievalServerError, SearchRefused):
+    """The retrieval server refused a request (4xx other than 408 and 429)."""
 
 
 def base_url(url: str) -> str:
@@ -64,6 +73,8 @@ class _Client:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.max_queries = max_queries
+        self.max_query_chars: int | None = None
+        self.limits_read = False
 
     def _delay(self, attempt: int) -> float:
         # full jitter (AWS architecture blog, "Exponential Backoff And Jitter", 2015): many
@@ -75,7 +86,7 @@ class _Client:
         if response.status_code in _RETRY_STATUS:
             raise _Retry(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
-            raise RetrievalServerError(
+            raise RequestRefused(
                 f"retrieval server {self.url}{path} refused the request: "
                 f"HTTP {response.status_code} {_detail(response)}"
             )
@@ -91,12 +102,20 @@ class _Client:
             f"retrieval server {self.url} unreachable after {self.retries + 1} tries: {last}"
         )
 
+    def _use_limits(self, health: dict[str, Any]) -> None:
+        limits = health.get("limits") or {}
+        self.max_query_chars = limits.get("max_query_chars")
+        self.max_queries = min(self.max_queries, limits.get("max_queries", self.max_queries))
+        self.limits_read = True
+
     def _batches(
         self, queries: Sequence[str], top_n: int
     ) -> tuple[list[list[Hit]], list[tuple[list[int], dict[str, Any]]]]:
         """Empty results, and the /batch_search payloads that fill them. Blank queries get no
         hits without asking the server (which rejects them)."""
         check_search_args(queries, top_n)
+        if self.max_query_chars is not None:
+            queries = [q[: self.max_query_chars] for q in queries]
         live = [i for i, q in enumerate(queries) if q.strip()]
         batches = []
         for start in range(0, len(live), self.max_queries):
@@ -163,6 +182,11 @@ class HTTPRetriever(_Client):
         return data
 
     def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        if not self.limits_read:
+            try:
+                self._use_limits(self.health())
+            except RequestRefused:  # no /health: a server of another kind, limits unknown
+                self._use_limits({})
         results, batches = self._batches(queries, top_n)
         for chunk, payload in batches:
             self._fill(results, chunk, self._request("POST", "/batch_search", payload))
@@ -221,6 +245,11 @@ class AsyncHTTPRetriever(_Client):
         return data
 
     async def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
+        if not self.limits_read:
+            try:
+                self._use_limits(await self.health())
+            except RequestRefused:  # no /health: a server of another kind, limits unknown
+                self._use_limits({})
         results, batches = self._batches(queries, top_n)
         answers = await asyncio.gather(
             *(self._request("POST", "/batch_search", payload) for _, payload in batches)
