@@ -201,3 +201,49 @@ def test_a_refused_search_ends_only_its_own_episode(own_index: Path) -> None:
     rewards = torch.tensor([trajectory_reward(t) for t in trajectories])
     assert rewards.tolist() == [1.0, 0.0]
     assert rollout_metrics(trajectories, rewards)["rollout/search_error"] == 0.5
+
+
+# -- requests refused before any app sees them ---------------------------------------------------
+
+
+def answer_to(url: str, raw: bytes) -> bytes:
+    """What the server sends back to ``raw`` until it closes, or 5 s pass (then: what came)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(raw)
+        data, deadline = b"", time.monotonic() + 5
+        for _ in range(100):
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def test_an_upload_over_the_limit_is_refused_before_it_starts(retriever: str) -> None:
+    head = "POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    raw = f"{head}content-length: 1000000000\r\nexpect: 100-continue\r\n\r\n".encode()
+    answer = answer_to(retriever, raw)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]  # no "100 Continue" first
+    assert b"application/json" in answer and b"over 1048576 bytes" in answer
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n",
+        # a head still unfinished past h11's 16 KiB: sent in one piece here, trickled in the wild
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nx-big: " + b"a" * 70_000,
+    ],
+    ids=["request line", "two Host headers", "oversized header"],
+)
+def test_requests_the_parser_refuses_get_json(retriever: str, raw: bytes) -> None:
+    answer = answer_to(retriever, raw)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head.lower(), answer[:300]
+    assert "detail" in json.loads(body)

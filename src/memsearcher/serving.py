@@ -99,7 +99,10 @@ class BodyGuard:
     """ASGI middleware: bound the body, insist on JSON in UTF-8, before any parsing.
 
     An oversized body is still read (and dropped, up to a hard cap) before the 413 goes out:
-    answering mid-upload makes most clients fail with a broken pipe instead of reading it.
+    answering mid-upload makes most clients fail with a broken pipe instead of reading it. A
+    client that asks first (``Expect: 100-continue``) with a Content-Length over the bound gets
+    the 413 at once instead of ``100 Continue`` (which uvicorn sends on the first read), and
+    never uploads.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -116,6 +119,13 @@ class BodyGuard:
             said = f"Content-Type {ctype.decode('latin-1')!r}" if ctype else "no Content-Type"
             await reject(send, 415, f"send the request as JSON (Content-Type: application/json); "
                          f"this one has {said}")  # fmt: skip
+            return
+        length = headers.get(b"content-length", b"")
+        if headers.get(b"expect", b"").lower() == b"100-continue" and (
+            length.isdigit() and int(length) > self.max_bytes
+        ):
+            detail = f"request body over {self.max_bytes} bytes"
+            await reject(send, 413, detail, {"connection": "close"})
             return
         chunks, size, drained = [], 0, 0
         while True:
@@ -287,6 +297,21 @@ class TimedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what h11 cannot parse (a garbage request line, two Host headers,
+        a head over the size limit), in JSON like every other refusal, not text/plain."""
+        body = json.dumps({"detail": f"{msg} (HTTP/1.1 could not parse it)"}).encode()
+        fields = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        for event in (
+            h11.Response(
+                status_code=400, headers=[*fields, ("connection", "close")], reason="Bad Request"
+            ),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _follow(self) -> None:
         state = self.conn.their_state
