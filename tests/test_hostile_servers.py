@@ -9,6 +9,7 @@ other. Every loop is bounded in count and in time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,17 +27,19 @@ from _servers import free_port, running
 from tiny_model import save_tiny_model
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.async_driver import drive
+from memsearcher.agent.base import Episode, Generate, Search
 from memsearcher.cli import main
-from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.base import Completion, SamplingParams
 from memsearcher.llm.embedded import embedded_model_path
 from memsearcher.llm.scripted import Reply, ScriptedLLM
 from memsearcher.llm.tokenizer import load_tokenizer
-from memsearcher.retrieval.client import HTTPRetriever
+from memsearcher.retrieval.client import AsyncHTTPRetriever, HTTPRetriever
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
 from memsearcher.rl.rewards import trajectory_reward
 from memsearcher.rl.rollout import rollout_metrics
-from memsearcher.types import QAExample, Trajectory
+from memsearcher.types import Hit, QAExample, Trajectory
 
 
 def _env() -> dict[str, str]:
@@ -172,15 +175,35 @@ def ask_for(queries: dict[str, str]) -> Reply:
     return reply
 
 
-def roll_out(url: str, queries: dict[str, str]) -> list[Trajectory]:
-    """One lockstep round of the memsearcher agent over HTTP, as train_grpo runs it."""
+def episodes_and_model(queries: dict[str, str]) -> tuple[list[Episode], ScriptedLLM]:
     tokenizer = load_tokenizer(str(embedded_model_path()))
     examples = [QAExample(f"q{i}", q, ("Paris",)) for i, q in enumerate(queries)]
     config = AgentConfig(max_turns=3, max_new_tokens=2048)  # room for a 5,000-character query
     episodes = start_episodes("memsearcher", examples, tokenizer, config)
+    return episodes, ScriptedLLM(tokenizer, ask_for(queries))
+
+
+def roll_out(url: str, queries: dict[str, str]) -> list[Trajectory]:
+    """One lockstep round of the memsearcher agent over HTTP, as train_grpo runs it."""
+    episodes, llm = episodes_and_model(queries)
     with HTTPRetriever(url, retries=0) as retriever:
-        llm = ScriptedLLM(tokenizer, ask_for(queries))
         return run_lockstep(episodes, llm, retriever, SamplingParams())
+
+
+async def drive_async(url: str, queries: dict[str, str]) -> list[Trajectory]:
+    """The same round through the async episode loop (run_async, veRL) and the async client."""
+    episodes, llm = episodes_and_model(queries)
+
+    async def generate(request: Generate) -> Completion:
+        params = SamplingParams(max_new_tokens=request.max_new_tokens, stop=request.stop)
+        return llm.generate([request.prompt_ids], params)[0]
+
+    async with AsyncHTTPRetriever(url, retries=0) as retriever:
+
+        async def search(request: Search) -> list[Hit]:
+            return (await retriever.search([request.query], request.top_n))[0]
+
+        return [await drive(episode, generate, search) for episode in episodes]
 
 
 def test_an_over_long_query_is_cut_to_the_servers_limit(retriever: str) -> None:
@@ -201,6 +224,13 @@ def test_a_refused_search_ends_only_its_own_episode(own_index: Path) -> None:
     rewards = torch.tensor([trajectory_reward(t) for t in trajectories])
     assert rewards.tolist() == [1.0, 0.0]
     assert rollout_metrics(trajectories, rewards)["rollout/search_error"] == 0.5
+
+
+def test_a_refused_search_ends_only_its_own_episode_in_the_async_loop(own_index: Path) -> None:
+    with serve_retriever(own_index, "--max-response-bytes", "1000") as url:
+        queries = {"Question 0?": "zzqxv", "Question 1?": "landmarks of the city"}
+        trajectories = asyncio.run(drive_async(url, queries))
+    assert [t.end_reason for t in trajectories] == ["answer", "search_error"]
 
 
 # -- requests refused before any app sees them ---------------------------------------------------
