@@ -102,8 +102,9 @@ class _Client:
             f"retrieval server {self.url} unreachable after {self.retries + 1} tries: {last}"
         )
 
-    def _use_limits(self, health: dict[str, Any]) -> None:
-        limits = health.get("limits") or {}
+    def _use_limits(self, health: Any) -> None:
+        limits = health.get("limits") if isinstance(health, dict) else None
+        limits = limits if isinstance(limits, dict) else {}  # another kind of server
         self.max_query_chars = limits.get("max_query_chars")
         self.max_queries = min(self.max_queries, limits.get("max_queries", self.max_queries))
         self.limits_read = True
