@@ -93,6 +93,19 @@ def test_a_corpus_rewritten_in_place_fails_requests_not_the_server(
     assert httpx.get(f"{retriever}/health", timeout=10).status_code == 200
 
 
+def test_a_corpus_replaced_by_a_rename_keeps_serving_what_the_index_was_built_from(
+    retriever: str, own_index: Path
+) -> None:
+    corpus = own_index / "corpus.jsonl"
+    query = {"query": "the film of a", "top_n": 20}
+    before = httpx.post(f"{retriever}/search", json=query, timeout=10)
+    new = corpus.with_name("corpus.new")
+    new.write_bytes(corpus.read_bytes()[:100])
+    new.replace(corpus)  # the open file is untouched: its passages still match the index
+    after = httpx.post(f"{retriever}/search", json=query, timeout=10)
+    assert after.status_code == 200 and after.json() == before.json()
+
+
 # -- clients that hang up -----------------------------------------------------------------------
 
 

@@ -213,9 +213,11 @@ class PassageStore:
 
     Rows are read with ``os.pread``, not through a memory map: a map of a file that is then
     truncated kills the process with SIGBUS on the next read past the new end, with no chance to
-    log. Before each lookup the file's size, mtime and inode are compared with those seen at
-    opening (one ``os.stat``), and a corpus changed or replaced since then is a
-    :class:`CorpusError`: the index's offsets no longer point at its passages.
+    log. Before each lookup the open file's size and mtime are compared with those seen at
+    opening (one ``os.fstat``), and a corpus rewritten in place since then is a
+    :class:`CorpusError`: the index's offsets no longer point at its passages. A corpus
+    replaced by a rename leaves the opened file as it was, and the index keeps reading the
+    passages it was built from.
     """
 
     def __init__(self, corpus: str | Path, offsets: np.ndarray) -> None:
@@ -229,15 +231,13 @@ class PassageStore:
 
     def check(self) -> None:
         """Raise :class:`CorpusError` if the corpus file changed since the store opened it."""
-        try:
-            now: tuple[int, int, int] | None = _identity(os.stat(self.path))
-        except OSError:
-            now = None
-        if now != self._seen:
+        if self._fd is None:
+            raise CorpusError(f"passage store of {self.path} is closed")
+        if _identity(os.fstat(self._fd)) != self._seen:
             raise CorpusError(
-                f"corpus {self.path} changed after it was opened (size, mtime or inode differ, "
-                "or it is gone): its passages can no longer be read; restore the file, or "
-                "rebuild the index and restart"
+                f"corpus {self.path} was rewritten after it was opened (its size or mtime "
+                "changed): its passages can no longer be read; restore the file, or rebuild "
+                "the index and restart"
             )
 
     def raw(self, row: int) -> bytes:
@@ -266,5 +266,5 @@ class PassageStore:
             self._fd = None
 
 
-def _identity(stat: os.stat_result) -> tuple[int, int, int]:
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_size, stat.st_mtime_ns
