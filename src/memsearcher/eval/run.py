@@ -396,10 +396,36 @@ def _async(
 DRIVERS: dict[str, Callable[..., None]] = {"lockstep": _lockstep, "async": _async}
 
 
-def _check_settings(out: Path, settings: dict[str, Any]) -> None:
-    path = out / "settings.json"
-    if path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+def _read_run_file(path: Path, what: str, fits: Callable[[Any], bool]) -> Any:
+    """The JSON eval saved at ``path``, or None where there is none. A file eval did not write
+    (unreadable, not JSON, or not the shape eval writes) is refused, not overwritten: --out is
+    then a folder of someone's files, not a run."""
+    if not path.exists():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+        ours = fits(value)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        ours = False
+    if not ours:
+        raise MemSearcherError(
+            f"{path} is not {what}, so {path.parent} is not an eval run folder; "
+            "choose another --out (eval leaves files it did not write alone)"
+        )
+    return value
+
+
+def _is_dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_summary(value: Any) -> bool:
+    datasets = value.get("datasets") if isinstance(value, dict) else None
+    return isinstance(datasets, dict) and all(isinstance(s, dict) for s in datasets.values())
+
+
+def _check_settings(out: Path, saved: dict[str, Any] | None, settings: dict[str, Any]) -> None:
+    if saved is not None:
         changed = changed_keys(saved, settings)
         if changed:
             raise MemSearcherError(
@@ -407,7 +433,18 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
                 "resume with the same settings or choose another --out"
             )
         return
-    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_names(names: Sequence[str]) -> None:
+    """Each dataset's predictions go to ``OUT/<name>/``, so a name must be one folder name: a
+    path would put them outside --out."""
+    for name in names:
+        if name in {"", ".", ".."} or Path(name).name != name or "\\" in name:
+            raise MemSearcherError(
+                f"dataset {name!r}: --datasets takes folder names inside --data, not paths "
+                "(its predictions go to --out/NAME/)"
+            )
 
 
 def _answer_missing(
@@ -478,6 +515,7 @@ def run_eval(
 
     ``info`` (model, retriever, ...) is saved with the settings and must match on resume.
     """
+    _check_names(list(datasets))
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise MemSearcherError(f"--out {out} is a file; choose a folder for the run")
@@ -500,11 +538,12 @@ def _run_locked(
     info: dict[str, Any] | None,
     progress: bool,
 ) -> dict[str, Any]:
-    _check_settings(out, {**config.settings(), **(info or {})})
+    # both read before anything is written or answered: a foreign file is refused up front
+    saved = _read_run_file(out / "settings.json", "an eval run's settings", _is_dict)
+    earlier = _read_run_file(out / "summary.json", "an eval run's summary", _is_summary)
+    _check_settings(out, saved, {**config.settings(), **(info or {})})
     # datasets run earlier into the same folder stay in the summary
-    summaries: dict[str, dict[str, Any]] = {}
-    if (out / "summary.json").is_file():
-        summaries.update(json.loads((out / "summary.json").read_text("utf-8"))["datasets"])
+    summaries: dict[str, dict[str, Any]] = dict(earlier["datasets"]) if earlier else {}
     for name, examples in datasets.items():
         path = out / name / "predictions.jsonl"
         _answer_missing(name, examples, path, llm, retriever, config, templates, progress)
