@@ -7,6 +7,8 @@ import json
 import textwrap
 from typing import TextIO
 
+from memsearcher.agent.options import add_agent_arguments
+from memsearcher.llm.options import add_model_arguments
 from memsearcher.types import Trajectory, Turn
 
 
@@ -19,27 +21,10 @@ def add_ask_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("question")
     parser.add_argument(
-        "--agent",
-        default="memsearcher",
-        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
-    )
-    parser.add_argument(
-        "--model",
-        default="embedded",
-        help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
-        "model), an HF folder or hub id",
-    )
-    parser.add_argument(
         "--retriever", default=None, help="index folder or http(s) URL (default: embedded BM25)"
     )
-    parser.add_argument("--max-turns", type=int, default=5)
-    parser.add_argument("--memory-tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--top-n", type=int, default=5)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
-    parser.add_argument("--device", default="auto")
+    add_agent_arguments(parser, max_turns=5)
+    add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the trajectory as JSON")
     parser.set_defaults(func=run_ask)
 
@@ -47,36 +32,21 @@ def add_ask_command(commands: argparse._SubParsersAction) -> None:
 def run_ask(args: argparse.Namespace) -> int:
     import sys
 
-    from memsearcher.agent import (
-        AgentConfig,
-        agent_type,
-        load_templates,
-        run_lockstep,
-        start_episodes,
-    )
+    from memsearcher.agent import load_templates, run_lockstep, start_episodes
+    from memsearcher.agent.options import agent_config_from, sampling_from
     from memsearcher.errors import MemSearcherError
-    from memsearcher.llm import SamplingParams, load_llm
+    from memsearcher.llm.options import open_llm
     from memsearcher.retrieval import open_retriever
     from memsearcher.text import sanitize_text
     from memsearcher.types import QAExample
 
     if not args.question.strip():
         raise MemSearcherError("the question is empty")
-    agent_type(args.agent)  # an unknown agent fails before the model loads
-    try:
-        config = AgentConfig(
-            max_turns=args.max_turns,
-            memory_tokens=args.memory_tokens,
-            max_new_tokens=args.max_new_tokens,
-            top_n=args.top_n,
-            max_top_n=max(args.top_n, AgentConfig.max_top_n),
-        )
-        sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
-    except ValueError as error:
-        raise MemSearcherError(str(error)) from error
+    config = agent_config_from(args)  # bad options fail before the model loads
+    sampling = sampling_from(args)
     templates = load_templates(args.templates)
     retriever = open_retriever(args.retriever)
-    llm = load_llm(args.model, device=args.device)
+    llm = open_llm(args)
     # argv bytes that are not UTF-8 arrive as lone surrogates (Python's surrogateescape)
     question = sanitize_text(args.question.strip())
     example = QAExample(id="ask", question=question, golden_answers=())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from memsearcher.eval.commands import add_model_arguments, open_llm
+from memsearcher.agent.options import add_agent_arguments
+from memsearcher.llm.options import add_model_arguments, open_llm
 from memsearcher.retrieval.commands import add_http_arguments, timeouts_from
 
 
@@ -18,22 +19,12 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
     where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
-    parser.add_argument(
-        "--agent",
-        default="memsearcher",
-        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
-    )
-    parser.add_argument("--max-turns", type=int, default=20, help="default and upper bound")
-    parser.add_argument("--memory-tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--top-n", type=int, default=5)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    parser.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
     parser.add_argument("--host", default="127.0.0.1", help="default: loopback only")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--max-pending", type=int, default=64, help="more get 503")
     parser.add_argument("--max-batch", type=int, default=16, help="questions per batch")
     parser.add_argument("--name", default="memsearcher", help="model name in the API")
+    add_agent_arguments(parser)  # --max-turns is the default and the upper bound
     add_model_arguments(parser)
     add_http_arguments(parser)
     parser.set_defaults(func=run_serve)
@@ -41,28 +32,21 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
 
 def build_service(args: argparse.Namespace) -> tuple[object, str]:
     """The app the options describe, and the name it serves under."""
-    from memsearcher.agent import AgentConfig, agent_type, load_templates
+    from memsearcher.agent import load_templates
+    from memsearcher.agent.options import agent_config_from, sampling_from
     from memsearcher.api.app import AgentService, ServeConfig, create_app
     from memsearcher.errors import MemSearcherError
-    from memsearcher.llm import SamplingParams
     from memsearcher.retrieval import open_retriever
     from memsearcher.serving import allowed_hosts
 
+    agent_config = agent_config_from(args)  # bad options fail before the model loads
+    sampling = sampling_from(args)
     try:
-        agent_config = AgentConfig(
-            max_turns=args.max_turns,
-            memory_tokens=args.memory_tokens,
-            max_new_tokens=args.max_new_tokens,
-            top_n=args.top_n,
-            max_top_n=max(args.top_n, AgentConfig.max_top_n),
-        )
-        sampling = SamplingParams(temperature=args.temperature, seed=0)
         config = ServeConfig(
             max_turns=args.max_turns, max_pending=args.max_pending, max_batch=args.max_batch
         )
     except ValueError as error:
         raise MemSearcherError(str(error)) from error
-    agent_type(args.agent)  # an unknown agent fails before the model loads
     templates = load_templates(args.templates)
     retriever = open_retriever(args.index or args.retriever)
     llm = open_llm(args)

@@ -8,60 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-BACKENDS = ("hf", "openai", "vllm")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options that pick the LLM backend; shared by ``eval`` and ``serve``."""
-    group = parser.add_argument_group("model")
-    group.add_argument(
-        "--model",
-        default="embedded",
-        help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
-        "model), an HF folder or hub id; with --backend openai it gives the tokenizer",
-    )
-    group.add_argument("--backend", choices=BACKENDS, default="hf", help="default: hf")
-    group.add_argument(
-        "--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
-    )
-    group.add_argument("--served-model", default=None, help="model name the server knows")
-    group.add_argument(
-        "--api",
-        choices=("auto", "completions", "chat"),
-        default="auto",
-        help="openai backend: token-exact /v1/completions, or chat; auto tries completions first",
-    )
-    group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
-    group.add_argument(
-        "--max-context",
-        type=int,
-        default=None,
-        help="openai backend: the server's context length, where /v1/models does not say",
-    )
-    group.add_argument("--device", default="auto")
-    group.add_argument("--batch-size", type=int, default=16, help="prompts per forward (hf)")
-    group.add_argument("--gpu-memory", type=float, default=0.85, help="vllm memory fraction")
-
-
-def open_llm(args: argparse.Namespace) -> Any:
-    """The LLM the backend options describe."""
-    from memsearcher.llm import load_llm
-
-    return load_llm(
-        args.model,
-        device=args.device,
-        batch_size=args.batch_size,
-        backend=args.backend,
-        base_url=args.base_url,
-        served_model=args.served_model,
-        api=args.api,
-        tokenizer=args.tokenizer,
-        gpu_memory=args.gpu_memory,
-        concurrency=getattr(args, "concurrency", 64),
-        max_context_tokens=args.max_context,
-    )
+from memsearcher.agent.options import add_agent_arguments
+from memsearcher.llm.options import add_model_arguments, open_llm
 
 
 def add_eval_command(commands: argparse._SubParsersAction) -> None:
@@ -91,18 +40,6 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")
     where.add_argument("--retriever", default=None, help="retrieval server URL or index folder")
     parser.add_argument(
-        "--agent",
-        default="memsearcher",
-        help="memsearcher (default), react or mem1: a key of memsearcher.agent.AGENTS",
-    )
-    parser.add_argument("--max-turns", type=int, default=20)
-    parser.add_argument("--memory-tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--top-n", type=int, default=5)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
-    parser.add_argument(
         "--driver",
         choices=("lockstep", "async"),
         default=None,
@@ -110,6 +47,7 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--concurrency", type=int, default=64, help="async driver: in flight")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_agent_arguments(parser)
     add_model_arguments(parser)
     parser.set_defaults(func=run_eval_command)
 
