@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memsearcher.agent import AgentConfig
 from memsearcher.data.flashrag import read_examples
 from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
 from memsearcher.llm import load_llm
@@ -47,14 +48,14 @@ def main() -> None:
     for model in args.models:
         llm = load_llm(model, device="cpu", batch_size=len(examples))
         for agent in AGENTS:
-            config = EvalConfig(
-                agent=agent,
+            budgets = AgentConfig(
                 max_turns=args.max_turns,
                 max_new_tokens=args.max_new_tokens,
                 memory_tokens=args.memory_tokens,
                 top_n=args.top_n,
-                batch_size=len(examples),
+                max_top_n=max(args.top_n, AgentConfig.max_top_n),
             )
+            config = EvalConfig(agent, budgets, batch_size=len(examples))
             out = Path(args.out) / f"{model}-{agent}"
             started = time.perf_counter()
             summary = run_eval({"heldout": examples}, llm, retriever, config, out, progress=False)

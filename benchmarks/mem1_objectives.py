@@ -91,14 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         tasks = compose(test, n, args.seed)[: args.tasks]
         for agent in AGENTS:
             # 3 hops at most per question, and one turn to answer
-            config = EvalConfig(
-                agent=agent,
-                max_turns=3 * n + 1,
-                max_new_tokens=AGENT.max_new_tokens,
-                memory_tokens=AGENT.memory_tokens,
-                top_n=AGENT.top_n,
-                batch_size=len(tasks),
-            )
+            budgets = replace(AGENT, max_turns=3 * n + 1)
+            config = EvalConfig(agent, budgets, batch_size=len(tasks))
             run = out / "eval" / f"{agent}-n{n}"
             run_eval({"test": tasks}, llm, index, config, run, templates, progress=False)
             runs.append(run)

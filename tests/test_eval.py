@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memsearcher.agent import AgentConfig
 from memsearcher.agent.replay import search_then_answer
 from memsearcher.cli import main
 from memsearcher.data.flashrag import load_benchmarks, read_examples, resolve_dataset
@@ -257,7 +259,7 @@ def test_eval_in_process_and_report(
     examples = [QAExample(r["id"], r["question"], tuple(r["golden_answers"])) for r in ROWS[:2]]
     runs = []
     for agent in ("memsearcher", "react"):
-        config = EvalConfig(agent=agent, max_turns=2, max_new_tokens=32, memory_tokens=32)
+        config = EvalConfig(agent, AgentConfig(max_turns=2, max_new_tokens=32, memory_tokens=32))
         out = tmp_path / agent
         summary = run_eval({"bamboogle": examples}, llm, retriever, config, out, progress=False)
         assert summary["datasets"]["bamboogle"]["questions"] == 2
@@ -357,7 +359,7 @@ def test_a_failing_question_is_recorded_and_the_run_goes_on(
     scripted = AsyncScripted(llm.tokenizer, search_then_answer(searches=1, answer="Paris"))
     examples = [QAExample(f"q{i}", f"Question {i} BOOM" if i == 2 else f"Question {i}", ("Paris",))
                 for i in range(6)]  # fmt: skip
-    config = EvalConfig(max_turns=3, batch_size=4, driver=driver)
+    config = EvalConfig(agent_config=AgentConfig(max_turns=3), batch_size=4, driver=driver)
     out = tmp_path / "run"
     summary = run_eval({"nq": examples}, scripted, FailsOn(retriever, "BOOM"), config, out,
                        progress=False)  # fmt: skip
@@ -381,3 +383,24 @@ def test_many_failures_in_a_row_stop_the_run(
         run_eval({"nq": examples}, scripted, FailsOn(retriever, "BOOM"),
                  EvalConfig(batch_size=4), tmp_path / "run", progress=False)  # fmt: skip
     assert len(read_predictions(tmp_path / "run" / "nq" / "predictions.jsonl")) == 10
+
+
+def test_a_run_folder_with_the_flat_settings_of_older_versions_resumes(tmp_path: Path) -> None:
+    """tests/fixtures/eval_run_flat was written by run_eval before EvalConfig nested its
+    AgentConfig (settings.json flat: agent, max_turns, top_n, ...); it must still resume."""
+    out = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "eval_run_flat", out)
+    saved = (out / "settings.json").read_text(encoding="utf-8")
+    config = EvalConfig(agent_config=AgentConfig(max_turns=3, top_n=4, memory_tokens=64,
+                                                 max_new_tokens=32))  # fmt: skip
+    info = {"model": "embedded", "backend": "hf", "served_model": None,
+            "retriever": "embedded", "templates": None}  # fmt: skip
+    examples = [QAExample(f"q{i}", "q", ("a",)) for i in range(2)]
+    summary = run_eval({"nq": examples}, None, None, config, out, None, info, progress=False)  # type: ignore[arg-type]
+    assert summary["datasets"]["nq"]["questions"] == 2
+    assert summary["datasets"]["nq"]["em"] == 0.5
+    assert (out / "settings.json").read_text(encoding="utf-8") == saved
+    other = EvalConfig(agent_config=AgentConfig(max_turns=4, top_n=4, memory_tokens=64,
+                                                max_new_tokens=32))  # fmt: skip
+    with pytest.raises(MemSearcherError, match="other settings \\(max_turns\\)"):
+        run_eval({"nq": examples}, None, None, other, out, None, info, progress=False)  # type: ignore[arg-type]

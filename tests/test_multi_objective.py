@@ -166,7 +166,7 @@ def test_every_agent_answers_n_objectives(
         return search_then_answer(1, answers[key])(prompt, params)
 
     llm = ScriptedLLM(tokenizer, reply)
-    config = EvalConfig(agent=agent, max_turns=3, batch_size=2)
+    config = EvalConfig(agent, AgentConfig(max_turns=3), batch_size=2)
     summary = run_eval({"toy": tasks}, llm, retriever, config, tmp_path, progress=False)
     toy = summary["datasets"]["toy"]
     assert toy["questions"] == 2 and toy["objectives"] == 2.0
@@ -206,7 +206,7 @@ def test_report_plots_peak_tokens_against_n(
     for agent in ("memsearcher", "react", "mem1"):
         for n in (1, 2, 4):
             reply = search_then_answer(n, "; ".join(["x"] * n), memory_words=30)
-            config = EvalConfig(agent=agent, max_turns=n + 1, top_n=3)
+            config = EvalConfig(agent, AgentConfig(max_turns=n + 1, top_n=3))
             out = tmp_path / f"{agent}-{n}"
             tasks = compose(questions, n, 0)[:2]
             llm = ScriptedLLM(tokenizer, reply)

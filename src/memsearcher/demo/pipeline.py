@@ -384,14 +384,7 @@ def evaluate_questions(
     """Greedy evaluation of ``agent`` on ``questions`` into ``out/<split>/``, with the demo's
     turn settings; the summary of that split, plus EM by number of hops and by question chain
     (its relations, joined by ">"; with the number of questions)."""
-    evaluation = EvalConfig(
-        agent=agent,
-        max_turns=config.agent.max_turns,
-        max_new_tokens=config.agent.max_new_tokens,
-        memory_tokens=config.agent.memory_tokens,
-        top_n=config.agent.top_n,
-        batch_size=len(questions),
-    )
+    evaluation = EvalConfig(agent=agent, agent_config=config.agent, batch_size=len(questions))
     summary = run_eval({split: questions}, llm, index, evaluation, out, templates, progress=False)
     result: dict[str, Any] = summary["datasets"][split]
     chains = {e.id: [hop.relation for hop in hops_of(e.metadata)] for e in questions}

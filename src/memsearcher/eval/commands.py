@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from memsearcher.agent.options import add_agent_arguments
+from memsearcher.agent.options import add_agent_arguments, agent_config_from
 from memsearcher.llm.options import add_model_arguments, open_llm
 
 
@@ -80,18 +80,14 @@ def run_eval_command(args: argparse.Namespace) -> int:
     try:
         config = EvalConfig(
             agent=args.agent,
-            max_turns=args.max_turns,
-            max_new_tokens=args.max_new_tokens,
-            memory_tokens=args.memory_tokens,
-            top_n=args.top_n,
+            agent_config=agent_config_from(args),
             temperature=args.temperature,
             seed=args.seed,
             driver=driver,
             batch_size=args.batch_size,
             concurrency=args.concurrency,
         )
-        config.agent_config  # noqa: B018  # validates the agent settings before loading anything
-        config.sampling  # noqa: B018
+        config.sampling  # noqa: B018  # validates the sampling settings before loading anything
     except ValueError as error:
         raise MemSearcherError(str(error)) from error
     if args.objectives is None:

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +68,9 @@ class EvalConfig:
 
     agent: str = "memsearcher"
     """Which agent answers: a key of ``memsearcher.agent.AGENTS`` (memsearcher, react, mem1)."""
-    max_turns: int = 20
-    """Turns before an episode is cut (20 in the paper's evaluation)."""
-    max_new_tokens: int = 512
-    """Generation budget of one action."""
-    memory_tokens: int = 1024
-    """Generation budget of a memory update."""
-    top_n: int = 5
-    """Passages per search."""
+    agent_config: AgentConfig = field(default_factory=lambda: AgentConfig(max_turns=20))
+    """Its turn and generation budgets and passages per search (20 turns, as the paper's
+    evaluation)."""
     temperature: float = 0.0
     """0 decodes greedily, the evaluation default."""
     seed: int = 0
@@ -96,23 +91,25 @@ class EvalConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
-    def agent_config(self) -> AgentConfig:
-        return AgentConfig(
-            max_turns=self.max_turns,
-            memory_tokens=self.memory_tokens,
-            max_new_tokens=self.max_new_tokens,
-            top_n=self.top_n,
-            max_top_n=max(self.top_n, AgentConfig.max_top_n),
-        )
-
-    @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, seed=self.seed)
 
     def settings(self) -> dict[str, Any]:
-        """The fields that change predictions (a resumed run must keep them)."""
-        skip = {"driver", "batch_size", "concurrency"}
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        """The fields that change predictions (a resumed run must keep them), flat, under the
+        keys run folders have always saved, so that older runs still resume."""
+        agent = self.agent_config
+        settings: dict[str, Any] = {
+            "agent": self.agent,
+            "max_turns": agent.max_turns,
+            "max_new_tokens": agent.max_new_tokens,
+            "memory_tokens": agent.memory_tokens,
+            "top_n": agent.top_n,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        }
+        if agent.max_top_n != max(agent.top_n, AgentConfig.max_top_n):  # absent from older runs
+            settings["max_top_n"] = agent.max_top_n
+        return settings
 
 
 # -- predictions file ---------------------------------------------------------------------------

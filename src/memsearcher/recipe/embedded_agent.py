@@ -27,7 +27,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -331,15 +331,13 @@ def evaluate(
     retriever = open_retriever(None)
     loaded: dict[Path, HFModel] = {}
     summaries: dict[str, Any] = {}
-    settings = asdict(config.evaluation)
-    settings.pop("max_top_n")
     runs = [("sft", agent, sft_model) for agent in AGENTS]
     runs += [("grpo", agent, path) for agent, path in grpo_models.items()]
     for model, agent, path in runs:
         if path not in loaded:
             loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=64)
         run = out / "eval" / f"{model}-{agent}"
-        evaluation = EvalConfig(agent=agent, batch_size=64, **settings)
+        evaluation = EvalConfig(agent=agent, agent_config=config.evaluation, batch_size=64)
         started = time.perf_counter()
         summary = run_eval(datasets, loaded[path], retriever, evaluation, run,
                            info={"model": f"{model}-{agent}"}, progress=False)  # fmt: skip
