@@ -142,3 +142,18 @@ def test_encode_chat_with_templates_that_change_the_contents() -> None:
         else:  # the contents cannot be told apart: refused rather than encoded as control
             with pytest.raises(MemSearcherError, match="refusing to encode them as control"):
                 tokenizer.encode_chat(hostile, True)
+
+
+def test_backends_are_one_registry_that_the_cli_and_the_error_read() -> None:
+    import argparse
+
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.llm import BACKENDS, load_llm
+    from memsearcher.llm.options import add_model_arguments
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    (backend,) = [a for a in parser._actions if a.dest == "backend"]
+    assert list(backend.choices or ()) == sorted(BACKENDS) == ["hf", "openai", "vllm"]
+    with pytest.raises(MemSearcherError, match=r"choose one of \['hf', 'openai', 'vllm'\]"):
+        load_llm("embedded", backend="tgi")

@@ -2,13 +2,57 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, Completion, SamplingParams, Tokenizer
 from memsearcher.llm.tokenizer import load_tokenizer
 
-__all__ = ["LLM", "Completion", "SamplingParams", "Tokenizer", "load_llm", "load_tokenizer"]
+__all__ = [
+    "BACKENDS",
+    "LLM",
+    "Completion",
+    "SamplingParams",
+    "Tokenizer",
+    "load_llm",
+    "load_tokenizer",
+]
+
+
+def _hf(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
+    from memsearcher.llm.hf import HFModel
+
+    return HFModel.from_pretrained(path, device=device, batch_size=batch_size)
+
+
+def _openai(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
+    from memsearcher.llm.openai_http import OpenAIHTTPModel
+
+    if not options.get("base_url"):
+        raise MemSearcherError("--backend openai needs --base-url (the server's /v1 URL)")
+    return OpenAIHTTPModel(
+        options["base_url"],
+        load_tokenizer(options.get("tokenizer") or path),
+        model=options.get("served_model"),
+        api=options.get("api", "auto"),
+        concurrency=options.get("concurrency", 64),
+        max_context_tokens=options.get("max_context_tokens"),
+    )
+
+
+def _vllm(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
+    from memsearcher.llm.vllm import VLLMModel
+
+    return VLLMModel.from_pretrained(path, gpu_memory=options.get("gpu_memory", 0.85))
+
+
+BACKENDS: dict[str, Callable[[str, str, int, dict[str, Any]], LLM]] = {
+    "hf": _hf,
+    "openai": _openai,
+    "vllm": _vllm,
+}
+"""Each backend's loader: the model's path (or hub id), device, batch size, and its options."""
 
 
 def load_llm(
@@ -21,32 +65,12 @@ def load_llm(
     """Open a model: ``embedded`` (the packaged SmolLM2 with its protocol adapter),
     ``embedded-base`` (the raw SmolLM2), an HF folder, or a hub id.
 
-    ``backend`` is ``hf`` (transformers, in process), ``openai`` (an OpenAI-compatible server
-    at ``base_url``; ``spec`` or ``tokenizer`` names the local tokenizer) or ``vllm``.
+    ``backend`` is a key of `BACKENDS`: ``hf`` (transformers, in process), ``openai`` (an
+    OpenAI-compatible server at ``base_url``; ``spec`` or ``tokenizer`` names the local
+    tokenizer) or ``vllm``.
     """
     from memsearcher.llm.embedded import resolve_model
 
-    path = resolve_model(spec)
-    if backend == "hf":
-        from memsearcher.llm.hf import HFModel
-
-        return HFModel.from_pretrained(path, device=device, batch_size=batch_size)
-    if backend == "openai":
-        from memsearcher.llm.openai_http import OpenAIHTTPModel
-
-        if not options.get("base_url"):
-            raise MemSearcherError("--backend openai needs --base-url (the server's /v1 URL)")
-        tokenizer_path = options.get("tokenizer") or path
-        return OpenAIHTTPModel(
-            options["base_url"],
-            load_tokenizer(tokenizer_path),
-            model=options.get("served_model"),
-            api=options.get("api", "auto"),
-            concurrency=options.get("concurrency", 64),
-            max_context_tokens=options.get("max_context_tokens"),
-        )
-    if backend == "vllm":
-        from memsearcher.llm.vllm import VLLMModel
-
-        return VLLMModel.from_pretrained(path, gpu_memory=options.get("gpu_memory", 0.85))
-    raise MemSearcherError(f"unknown backend {backend!r}; choose one of: hf, openai, vllm")
+    if backend not in BACKENDS:
+        raise MemSearcherError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+    return BACKENDS[backend](resolve_model(spec), device, batch_size, options)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memsearcher.llm import load_llm
-
-BACKENDS = ("hf", "openai", "vllm")
+from memsearcher.llm import BACKENDS, load_llm
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +18,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
         "model), an HF folder or hub id; with --backend openai it gives the tokenizer",
     )
-    group.add_argument("--backend", choices=BACKENDS, default="hf", help="default: hf")
+    group.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="default: hf")
     group.add_argument(
         "--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
     )
