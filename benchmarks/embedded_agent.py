@@ -20,7 +20,8 @@ from typing import Any
 
 from memsearcher.agent import AgentConfig
 from memsearcher.data.flashrag import read_examples
-from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
+from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm import load_llm
 from memsearcher.retrieval import open_retriever
 

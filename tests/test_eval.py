@@ -26,14 +26,9 @@ from memsearcher.cli import main
 from memsearcher.data.flashrag import load_benchmarks, read_examples, resolve_dataset
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
+from memsearcher.eval.predictions import PredictionWriter, read_predictions
 from memsearcher.eval.report import format_table, load_rows
-from memsearcher.eval.run import (
-    EvalConfig,
-    PredictionWriter,
-    read_predictions,
-    run_eval,
-    summarize,
-)
+from memsearcher.eval.run import EvalConfig, run_eval, summarize
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM

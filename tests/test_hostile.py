@@ -30,7 +30,7 @@ from _servers import free_port, running
 from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
-from memsearcher.eval.run import read_predictions
+from memsearcher.eval.predictions import read_predictions
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
 

@@ -15,7 +15,8 @@ from memsearcher.data.compose import compose, write_examples
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match, f1_score, objective_sum, split_answers
-from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
+from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm.base import SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM

@@ -20,7 +20,7 @@ from _servers import free_port, running
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.agent.async_driver import run_async
 from memsearcher.cli import main
-from memsearcher.eval.run import read_predictions
+from memsearcher.eval.predictions import read_predictions
 from memsearcher.llm.base import Completion, SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.openai_http import (

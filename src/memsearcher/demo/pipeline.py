@@ -51,7 +51,8 @@ from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
-from memsearcher.eval.run import EvalConfig, read_predictions, run_eval
+from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel

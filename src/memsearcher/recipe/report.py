@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher.eval.run import latest_records, read_predictions
+from memsearcher.eval.predictions import latest_records, read_predictions
 
 __all__ = ["analyse", "paired_bootstrap", "write_report"]
 
