@@ -57,14 +57,13 @@ def prediction_record(
     ``seconds``: this question's share of the run's wall time (see `_answer_missing`).
     """
     example = trajectory.example
-    prediction = trajectory.answer or ""
     return {
         "id": example.id,
         "dataset": dataset,
         "question": example.question,
         "golden_answers": list(example.golden_answers),
         "prediction": trajectory.answer,
-        **_scores(example, prediction),
+        **_scores(example, trajectory.answer),
         "objectives": len(example.objectives),
         "end_reason": trajectory.end_reason,
         "turns": len(trajectory.turns),
