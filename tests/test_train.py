@@ -137,8 +137,10 @@ def test_grpo_two_steps_then_resume_from_step_one(
 def test_ppo_with_a_critic_two_steps_then_resume_from_step_one(
     tiny: Path, questions: Path, tmp_path: Path, length_reward: str
 ) -> None:
-    """advantage=gae: the critic trains, is checkpointed beside the policy, and resumes with
-    it exactly; a critic checkpoint missing for the policy's step is refused."""
+    """advantage=gae: the critic trains, is checkpointed beside the policy (first: the policy's
+    step-N publishes the pair), and resumes with it exactly from the policy's step, whatever
+    newer critic a killed save left; a critic checkpoint missing for the policy's step is
+    refused."""
     ppo = [f"reward={length_reward}", "advantage=gae", "critic.kl_reward=0.01", "beta=0",
            "entropy_coef=0.01", "critic.lr=1e-3"]  # fmt: skip
     full = tmp_path / "full"
@@ -158,6 +160,14 @@ def test_ppo_with_a_critic_two_steps_then_resume_from_step_one(
     train_grpo(grpo_config(tiny, questions, resumed, *ppo), resume=True)
     assert_same_weights(full / "step-2", resumed / "step-2")
     assert_same_weights(full / "critic" / "step-2", resumed / "critic" / "step-2")
+
+    # killed after the critic's step-2 save, before the policy's: resumes from step 1 by itself
+    killed = tmp_path / "killed"
+    for part in ("step-1", "critic/step-1", "critic/step-2"):
+        shutil.copytree(full / part, killed / part)
+    train_grpo(grpo_config(tiny, questions, killed, *ppo), resume=True)
+    assert_same_weights(full / "step-2", killed / "step-2")
+    assert_same_weights(full / "critic" / "step-2", killed / "critic" / "step-2")
 
 
 def weights_of_model(folder: Path) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.advantages import group_advantages
-from memsearcher.rl.checkpoint import resume_step, save_checkpoint
+from memsearcher.rl.checkpoint import load_checkpoint, save_checkpoint
 from memsearcher.rl.config import GRPOConfig
 from memsearcher.rl.critic import critic_gradients, gae_targets, response_values
 from memsearcher.rl.distributed import Runtime, even_out, gathered, reduce_mean, wrap_for_training
@@ -45,7 +45,8 @@ def train_ppo(
     config: GRPOConfig, resume: bool = False, echo: Callable[[str], None] | None = None
 ) -> Any:
     """Train and return the trained policy; checkpoints are ``config.output_dir/step-N`` and
-    the critic's ``config.output_dir/critic/step-N``."""
+    the critic's ``config.output_dir/critic/step-N``, saved first, so that the policy's
+    step-N says both are there; a resumed run loads the critic of the policy's step."""
     config = replace(config, advantage="gae")
     needs_ref = config.beta > 0 or config.critic.kl_reward > 0
     run = set_up(config, resume, echo, needs_ref)
@@ -55,11 +56,14 @@ def train_ppo(
         config, runtime, run.precision, updates_total
     )
     critic_state = (critic_learner.model, critic_optimizer, critic_scheduler)
-    if resume_step(run.output / "critic", resume, *critic_state, runtime) != run.start:
-        raise MemSearcherError(
-            f"{run.output / 'critic'}: the critic's last checkpoint is not of step {run.start}, "
-            "the policy's; resume from a step where both were saved"
-        )
+    if run.start:
+        saved = run.output / "critic" / f"step-{run.start}"
+        if not (saved / "state.json").is_file():
+            raise MemSearcherError(
+                f"--resume: no checkpoint in {run.output / 'critic'} for step {run.start}, the "
+                "policy's last; resume from a step where both were saved"
+            )
+        load_checkpoint(saved, *critic_state, runtime)
     group = config.group_size
     per_rank = config.questions_per_step // runtime.world_size
     bar = tqdm(total=run.total_steps, initial=run.start, disable=not runtime.is_main, desc="ppo")
@@ -138,10 +142,10 @@ def train_ppo(
             save_samples(path, trajectories, rewards)
         if step % config.save_every == 0 or step == run.total_steps:
             state = {"kind": "grpo", "data_position": step * config.questions_per_step}
-            save_checkpoint(run.output, step, model, run.tokenizer, run.optimizer,
-                            run.scheduler, state, runtime)  # fmt: skip
             save_checkpoint(run.output / "critic", step, critic_learner.model, run.tokenizer,
                             critic_optimizer, critic_scheduler, state, runtime)  # fmt: skip
+            save_checkpoint(run.output, step, model, run.tokenizer, run.optimizer,
+                            run.scheduler, state, runtime)  # fmt: skip
         bar.update(1)
     bar.close()
     run.log.close()
