@@ -601,3 +601,23 @@ def test_a_published_checkpoint_was_synced_before_its_rename(
         if p.is_file()
     }
     assert staged and staged <= set(synced)
+
+
+@pytest.mark.slow
+def test_resume_from_a_chosen_step_replays_the_run_from_there(
+    tiny: Path, replay_trajectories: Path, tmp_path: Path
+) -> None:
+    """`--resume-from step-N`: a damaged or unwanted newer checkpoint need not be the start."""
+    out = tmp_path / "out"
+    run = [f"data={replay_trajectories}", f"model.path={tiny}", "model.device=cpu",
+           "sequences_per_step=4", "micro_batch_tokens=1200", "save_every=1"]  # fmt: skip
+    run.append("steps=3")
+    assert train_cli("sft", out, *run) == 0
+    first = weights(out / "step-3")
+    (out / "step-3" / "optimizer.pt").write_bytes(b"")  # damaged: --resume would stop on it
+    assert train_cli("sft", out, *run, "--resume-from", "step-1") == 0
+    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3]
+    again = weights(out / "step-3")
+    assert first.keys() == again.keys()
+    for key in first:
+        torch.testing.assert_close(first[key], again[key], rtol=1e-6, atol=1e-7, msg=key)

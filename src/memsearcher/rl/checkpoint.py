@@ -57,7 +57,7 @@ FREE_ON_RESUME = frozenset(
 
 
 def check_run_folder(
-    output_dir: Path, config: dict[str, Any], resume: bool, runtime: Runtime
+    output_dir: Path, config: dict[str, Any], resume: bool | int, runtime: Runtime
 ) -> None:
     """Refuse a fresh run where checkpoints exist, and a resumed one whose ``config`` (as
     `config_to_dict` writes it) changes the run; then keep ``config`` as the run's."""
@@ -181,14 +181,25 @@ def load_checkpoint(
 
 
 def resume_step(
-    output_dir: Path, resume: bool, model: Any, optimizer: Any, scheduler: Any, runtime: Runtime
+    output_dir: Path,
+    resume: bool | int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    runtime: Runtime,
 ) -> int:
-    """The last finished step: 0 for a fresh run, else the newest checkpoint's, loaded."""
-    if not resume:
+    """The last finished step: 0 for a fresh run, else the newest checkpoint's, loaded;
+    ``resume`` an int (not True) loads the checkpoint of that step instead (``--resume-from``)."""
+    if resume is False:
         return 0
-    checkpoint = latest_checkpoint(output_dir)
-    if checkpoint is None:
-        raise MemSearcherError(f"--resume: no checkpoint in {output_dir}")
+    if resume is True:
+        checkpoint = latest_checkpoint(output_dir)
+        if checkpoint is None:
+            raise MemSearcherError(f"--resume: no checkpoint in {output_dir}")
+    else:
+        checkpoint = Path(output_dir) / f"step-{resume}"
+        if not (checkpoint / "state.json").is_file():
+            raise MemSearcherError(f"--resume-from: no complete checkpoint {checkpoint}")
     return int(load_checkpoint(checkpoint, model, optimizer, scheduler, runtime)["step"])
 
 

@@ -1,4 +1,4 @@
-"""``memsearcher train grpo|ppo|sft --config FILE [--resume] [key=value ...]``."""
+"""``memsearcher train grpo|ppo|sft --config FILE [--resume | --resume-from step-N] [k=v ...]``."""
 
 from __future__ import annotations
 
@@ -27,9 +27,14 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     for name, (_, help_text) in _TRAINERS.items():
         sub = trainers.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--config", default=None, help="YAML preset (see configs/)")
-        sub.add_argument(
+        start = sub.add_mutually_exclusive_group()
+        start.add_argument(
             "--resume", action="store_true", help="continue from the latest checkpoint"
         )
+        start.add_argument(
+            "--resume-from", type=_step, metavar="step-N",
+            help="continue from this checkpoint (later ones are replaced as the run reaches them)",
+        )  # fmt: skip
         sub.add_argument(
             "--print-config", action="store_true", help="print the resolved config and exit"
         )
@@ -42,8 +47,16 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         sub.set_defaults(func=_run)
 
 
+def _step(text: str) -> int:
+    step = text.removeprefix("step-")
+    if not step.isdigit() or int(step) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: name a checkpoint as step-N (N >= 1)")
+    return int(step)
+
+
 def _run(args: argparse.Namespace) -> int:
     config_class, _ = _TRAINERS[args.trainer]
+    resume = args.resume_from or args.resume
     # ppo's config is grpo's with the critic's advantage; a preset or an override may say so
     overrides = ["advantage=gae", *args.overrides] if args.trainer == "ppo" else args.overrides
     config: GRPOConfig | SFTConfig = load_config(config_class, args.config, overrides)
@@ -53,14 +66,14 @@ def _run(args: argparse.Namespace) -> int:
     if isinstance(config, GRPOConfig) and config.advantage == "gae":
         from memsearcher.rl.train_ppo import train_ppo
 
-        train_ppo(config, resume=args.resume, echo=tqdm.write)
+        train_ppo(config, resume=resume, echo=tqdm.write)
     elif isinstance(config, GRPOConfig):
         from memsearcher.rl.train_grpo import train_grpo
 
-        train_grpo(config, resume=args.resume, echo=tqdm.write)
+        train_grpo(config, resume=resume, echo=tqdm.write)
     else:
         from memsearcher.rl.train_sft import train_sft
 
-        train_sft(config, resume=args.resume, echo=tqdm.write)
+        train_sft(config, resume=resume, echo=tqdm.write)
     print(f"checkpoints in {config.output_dir}")
     return 0

@@ -67,7 +67,7 @@ class RLRun:
 
 
 def set_up(
-    config: GRPOConfig, resume: bool, echo: Callable[[str], None] | None, needs_ref: bool
+    config: GRPOConfig, resume: bool | int, echo: Callable[[str], None] | None, needs_ref: bool
 ) -> RLRun:
     """Check what the ranks need of ``config``, then build the run; ``needs_ref``: whether the
     loop reads reference log-probs."""

@@ -39,7 +39,7 @@ __all__ = ["train_grpo"]
 
 
 def train_grpo(
-    config: GRPOConfig, resume: bool = False, echo: Callable[[str], None] | None = None
+    config: GRPOConfig, resume: bool | int = False, echo: Callable[[str], None] | None = None
 ) -> Any:
     """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     if config.advantage == "gae":

@@ -42,7 +42,7 @@ __all__ = ["setup_critic", "train_ppo"]
 
 
 def train_ppo(
-    config: GRPOConfig, resume: bool = False, echo: Callable[[str], None] | None = None
+    config: GRPOConfig, resume: bool | int = False, echo: Callable[[str], None] | None = None
 ) -> Any:
     """Train and return the trained policy; checkpoints are ``config.output_dir/step-N`` and
     the critic's ``config.output_dir/critic/step-N``, saved first, so that the policy's

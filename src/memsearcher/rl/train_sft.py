@@ -72,7 +72,7 @@ def _prompt_groups(
 
 
 def train_sft(
-    config: SFTConfig, resume: bool = False, echo: Callable[[str], None] | None = None
+    config: SFTConfig, resume: bool | int = False, echo: Callable[[str], None] | None = None
 ) -> Any:
     """Train and return the trained model; checkpoints are ``config.output_dir/step-N``."""
     runtime = init_runtime(config.model.device)
