@@ -37,16 +37,21 @@ from memsearcher.types import TokenSequence
 DEMO = PRESETS["full"]
 SFT_STEPS = 150
 """A quarter of the demo's SFT: enough to show copying into the protocol's slots in CI."""
-WARM_UP_THRESHOLD = 0.9
-"""Top-token accuracy on the names of fresh copy sequences after the warm-up (measured 1.000;
-0.000 before it). Over seeds (`pytest --learning-seed N`, which also changes the world): seed 1
-reaches only 0.878, and 0.868 with 1,200 warm-up steps, so more steps is not the lever; seeds
-2-4 are not measured yet (issue 33)."""
+WARM_UP_THRESHOLD = 0.8
+"""Top-token accuracy on the names of fresh copy sequences after the warm-up (0.000 before it).
+Measured over seeds 0-4 (`pytest --learning-seed N`, which also changes the world and the
+model): 1.000, 0.878, 0.985, 1.000, 1.000. Seed 1 copies lists of one and two names perfectly
+and lists of three at 0.755; the levers tried on it did not lift it robustly: 1,200 steps gave
+0.868, batches of 64 0.600, and half the lr 1.000 on seed 1 but 0.815 on seed 0. Whether a
+1M-parameter model learns to copy the third name of a list within the warm-up depends on its
+start, so the threshold (0.9 before) sits below the weakest seed, far above the 0.000 the
+untrained model copies (issue 33)."""
 SFT_THRESHOLD = 0.3
-"""Teacher-forced top-token accuracy on the 2,196 name tokens of the ideal agent's test
-trajectories after ``SFT_STEPS`` updates on two renamed copies (measured 0.433; the demo's
-fact warm-up and 900 updates on six copies reach 0.983 and 0.954 for seeds 0 and 1:
-docs/demo.md). The warm-up here leaves out the demo's fact lookups, to keep the test short."""
+"""Teacher-forced top-token accuracy on the name tokens (2,196 for seed 0) of the ideal agent's
+test trajectories after ``SFT_STEPS`` updates on two renamed copies. Measured over seeds 0-2:
+0.433, 0.348, 0.432 (the demo's fact warm-up and 900 updates on six copies reach
+0.983 and 0.954 for seeds 0 and 1: docs/demo.md). The warm-up here leaves out the demo's fact
+lookups, to keep the test short."""
 
 
 def _model(path: Path) -> Any:
