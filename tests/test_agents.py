@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from _wrappers import CountingRetriever, Delegating
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
-from memsearcher.agent.prompts import format_tools
+from memsearcher.agent.prompts import format_hits, format_tools
 from memsearcher.agent.replay import search_then_answer
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import Reply, ScriptedLLM
-from memsearcher.retrieval import format_hits
 from memsearcher.retrieval.base import Retriever
 from memsearcher.rl.rewards import trajectory_reward
 from memsearcher.types import QAExample, Trajectory
@@ -30,20 +30,12 @@ QUESTIONS = [
 ]
 
 
-class Recording:
+class Recording(Delegating):
     """Wraps an LLM and keeps every call's prompts, params and completions."""
 
     def __init__(self, llm: ScriptedLLM | HFModel) -> None:
-        self.llm = llm
+        super().__init__(llm)
         self.calls: list[tuple[list[tuple[int, ...]], SamplingParams, list[Completion]]] = []
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.llm.tokenizer
-
-    @property
-    def max_context_tokens(self) -> int:
-        return self.llm.max_context_tokens
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -51,16 +43,6 @@ class Recording:
         completions = self.llm.generate(prompts, params)
         self.calls.append(([tuple(p) for p in prompts], params, completions))
         return completions
-
-
-class CountingRetriever:
-    def __init__(self, inner: Retriever) -> None:
-        self.inner = inner
-        self.batches: list[list[str]] = []
-
-    def search(self, queries: Sequence[str], top_n: int) -> list[list]:
-        self.batches.append(list(queries))
-        return self.inner.search(queries, top_n)
 
 
 def run(

@@ -22,13 +22,12 @@ from memsearcher.agent.parsing import (
     ToolCall,
     parse_mem1_action,
 )
-from memsearcher.agent.prompts import mem1_hint
+from memsearcher.agent.prompts import format_hits, mem1_hint
 from memsearcher.agent.replay import search_then_answer
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
-from memsearcher.retrieval import format_hits
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample, Trajectory
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from memsearcher.agent.prompts import format_hits
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval import (
     embedded_corpus_path,
-    format_hits,
     load_embedded_retriever,
     open_retriever,
     read_corpus,

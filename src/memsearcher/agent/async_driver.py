@@ -11,17 +11,16 @@ once; an async retriever (``AsyncHTTPRetriever``) is awaited directly, and its s
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from operator import itemgetter
-from typing import Protocol
+from typing import cast
 
 from memsearcher.agent.base import Episode, Generate, Search
-from memsearcher.llm.base import Completion, SamplingParams, Tokenizer, derive_seed
-from memsearcher.retrieval.base import Retriever, SearchRefused
+from memsearcher.llm.base import AsyncLLM, Completion, SamplingParams, derive_seed
+from memsearcher.retrieval.base import AsyncRetriever, Retriever, SearchRefused, is_async
 from memsearcher.types import Hit, Trajectory
 from memsearcher.worker import QueueWorker
 
@@ -29,24 +28,6 @@ logger = logging.getLogger(__name__)
 
 DoneCallback = Callable[[int, Trajectory], None]
 ErrorCallback = Callable[[int, Exception], None]
-
-
-class AsyncLLM(Protocol):
-    """An LLM that generates for one prompt at a time, concurrently."""
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    @property
-    def max_context_tokens(self) -> int: ...
-
-    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
-
-
-class AsyncRetriever(Protocol):
-    """A retriever whose ``search`` is a coroutine (``AsyncHTTPRetriever``)."""
-
-    async def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]: ...
 
 
 class _Direct:
@@ -184,11 +165,10 @@ async def run_async(
             on_done(index, trajectory)
         return trajectory
 
-    searcher: SearchBatcher | _Direct
-    if inspect.iscoroutinefunction(getattr(retriever, "search", None)):
-        searcher = _Direct(retriever)  # type: ignore[arg-type]
-    else:
-        searcher = SearchBatcher(retriever)  # type: ignore[arg-type]
+    # (a TypeGuard narrows only its true branch before Python 3.13's TypeIs, hence the cast)
+    searcher: SearchBatcher | _Direct = (
+        _Direct(retriever) if is_async(retriever) else SearchBatcher(cast(Retriever, retriever))
+    )
     async with searcher:
         tasks = [
             asyncio.create_task(run_one(i, episode, searcher)) for i, episode in enumerate(episodes)

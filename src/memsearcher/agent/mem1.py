@@ -19,9 +19,8 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import Episode, Search
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, parse_mem1_action
-from memsearcher.agent.prompts import mem1_hint
+from memsearcher.agent.prompts import format_hits, mem1_hint
 from memsearcher.llm.base import Completion
-from memsearcher.retrieval import format_hits
 from memsearcher.types import Hit
 
 __all__ = ["MEM1_STOP", "Mem1Episode"]

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import ACTION_STOP, MEMORY_STOP, Episode
 from memsearcher.agent.parsing import ParseFailure, parse_memory
-from memsearcher.agent.prompts import format_tools, question_text
+from memsearcher.agent.prompts import format_hits, format_tools, question_text
 from memsearcher.llm.base import Completion
-from memsearcher.retrieval import format_hits
 from memsearcher.types import Hit
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.types import QAExample
+from memsearcher.types import Hit, QAExample
 
 TOOL_NAME = "wikipedia_search"
 
@@ -204,6 +206,18 @@ def load_templates(path: str | Path | None = None) -> Templates:
 
 def format_tools(default_top_n: int) -> str:
     return json.dumps(tool_schema(default_top_n), ensure_ascii=False)
+
+
+_NEWLINES = re.compile(r"\s*\n\s*")
+
+
+def format_hits(hits: Sequence[Hit]) -> str:
+    """Hits as the model reads them: ``Doc {i} (Title: {title}) {text}``, one line each (the
+    one place they are written out for the model)."""
+    return "\n".join(
+        f"Doc {i} (Title: {hit.title}) {_NEWLINES.sub(' ', hit.text)}"
+        for i, hit in enumerate(hits, start=1)
+    )
 
 
 def question_text(example: QAExample, templates: Templates) -> str:

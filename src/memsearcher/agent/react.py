@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memsearcher.agent.base import ACTION_STOP, Episode
-from memsearcher.agent.prompts import format_tools, question_text
+from memsearcher.agent.prompts import format_hits, format_tools, question_text
 from memsearcher.llm.base import Completion
-from memsearcher.retrieval import format_hits
 from memsearcher.types import Hit
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from memsearcher.agent.prompts import format_hits
 from memsearcher.data.synthetic import World
-from memsearcher.retrieval import format_hits
 from memsearcher.types import TokenSequence
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from memsearcher.types import FinishReason
 
@@ -115,3 +115,17 @@ class LLM(Protocol):
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]: ...
+
+
+@runtime_checkable
+class AsyncLLM(Protocol):
+    """An LLM that generates for one prompt at a time, concurrently (an HTTP backend); the
+    async driver runs it, and ``isinstance(llm, AsyncLLM)`` tells it from an `LLM`."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_context_tokens(self) -> int: ...
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...

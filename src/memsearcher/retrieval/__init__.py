@@ -1,14 +1,13 @@
 """Retrieval: corpora, BM25 and dense indexes, and an HTTP server and client.
 
 Every backend implements :class:`Retriever` (``search(queries, top_n)``); :func:`open_retriever`
-turns a user's ``--retriever`` value into one, and :func:`format_hits` is the one place hits are
-written out for the model.
+turns a user's ``--retriever`` value into one. How hits are written out for the model is the
+agent's (`memsearcher.agent.prompts.format_hits`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from memsearcher.retrieval.base import Retriever, SearchRefused
 from memsearcher.retrieval.corpus import CorpusError, Passage, read_corpus
 from memsearcher.retrieval.embedded import embedded_corpus_path, load_embedded_retriever
 from memsearcher.retrieval.manifest import IndexFolderError, read_manifest
-from memsearcher.types import Hit
 
 __all__ = [
     "CorpusError",
@@ -26,22 +24,11 @@ __all__ = [
     "Retriever",
     "SearchRefused",
     "embedded_corpus_path",
-    "format_hits",
     "load_embedded_retriever",
     "load_index",
     "open_retriever",
     "read_corpus",
 ]
-
-_NEWLINES = re.compile(r"\s*\n\s*")
-
-
-def format_hits(hits: Sequence[Hit]) -> str:
-    """Hits as the model reads them: ``Doc {i} (Title: {title}) {text}``, one line each."""
-    return "\n".join(
-        f"Doc {i} (Title: {hit.title}) {_NEWLINES.sub(' ', hit.text)}"
-        for i, hit in enumerate(hits, start=1)
-    )
 
 
 def _loaders() -> dict[str, Callable[..., Any]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.types import Hit
@@ -20,6 +21,17 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
         """For each query, up to ``top_n`` hits, best first."""
         ...
+
+
+class AsyncRetriever(Protocol):
+    """A retriever whose ``search`` is a coroutine (``AsyncHTTPRetriever``)."""
+
+    async def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]: ...
+
+
+def is_async(retriever: Retriever | AsyncRetriever) -> TypeGuard[AsyncRetriever]:
+    """Whether ``retriever.search`` is a coroutine (both kinds have a ``search``)."""
+    return inspect.iscoroutinefunction(retriever.search)
 
 
 def check_search_args(queries: Sequence[str], top_n: int) -> None:

@@ -213,7 +213,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from memsearcher.retrieval import format_hits, load_index
+    from memsearcher.retrieval import load_index
     from memsearcher.text import sanitize_text
 
     retriever = load_index(args.index)
@@ -225,7 +225,8 @@ def _search(args: argparse.Namespace) -> int:
             print(json.dumps(record, ensure_ascii=False))
         else:
             print(f"# {query}")
-            for hit, line in zip(hits, format_hits(hits).splitlines(), strict=True):
+            for i, hit in enumerate(hits, start=1):
+                line = f"Doc {i} (Title: {hit.title}) {' '.join(hit.text.split())}"
                 print(f"{hit.score:8.3f}  {line[:200]}")
             if not hits:
                 print("(no hits)")
