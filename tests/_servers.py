@@ -47,3 +47,28 @@ def running(
             process.kill()
             process.wait()
         log.close()
+
+
+def connect(url: str) -> socket.socket:
+    """A raw TCP connection to the server at ``url`` (``http://host:port``)."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]:
+    """What the server sends until it closes the connection, or ``limit`` seconds pass (then:
+    what came), and after how many seconds."""
+    started, data = time.monotonic(), b""
+    for _ in range(1000):
+        left = started + limit - time.monotonic()
+        if left <= 0:
+            break
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - started

@@ -24,9 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import _servers
 import httpx
 import pytest
-from _servers import free_port, running
+from _servers import connect, free_port, running
 from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
@@ -92,27 +93,8 @@ def server(request: pytest.FixtureRequest) -> tuple[str, str, dict[str, Any]]:
 # -- slow and idle connections -------------------------------------------------------------------
 
 
-def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=5)
-
-
 def until_closed(sock: socket.socket, limit: float = 5 * T + 2) -> tuple[bytes, float]:
-    """What the server sends until it closes the connection, and after how many seconds."""
-    started, data = time.monotonic(), b""
-    for _ in range(1000):
-        left = started + limit - time.monotonic()
-        if left <= 0:
-            break
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(65536)
-        except (TimeoutError, ConnectionResetError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data, time.monotonic() - started
+    return _servers.until_closed(sock, limit)
 
 
 def read_response(sock: socket.socket) -> bytes:

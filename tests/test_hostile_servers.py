@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from _servers import free_port, running
+from _servers import connect, free_port, running, until_closed
 from tiny_model import save_tiny_model
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
@@ -251,20 +251,9 @@ def test_a_refused_search_ends_only_its_own_episode_in_the_async_loop(own_index:
 
 def answer_to(url: str, raw: bytes) -> bytes:
     """What the server sends back to ``raw`` until it closes, or 5 s pass (then: what came)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
+    with connect(url) as sock:
         sock.sendall(raw)
-        data, deadline = b"", time.monotonic() + 5
-        for _ in range(100):
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = sock.recv(65536)
-            except (TimeoutError, ConnectionResetError):
-                break
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return until_closed(sock, 5)[0]
 
 
 def test_an_upload_over_the_limit_is_refused_before_it_starts(retriever: str) -> None:

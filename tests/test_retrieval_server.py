@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _servers import free_port, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,12 +32,6 @@ from memsearcher.types import Hit
 QUERY = "Stanley Kubrick science fiction film"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> BM25Index:
     root = tmp_path_factory.mktemp("served")
@@ -49,32 +42,12 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> BM25Index:
 @pytest.fixture(scope="module")
 def server(index: BM25Index, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path_factory.mktemp("log") / "server.log").open("w+")
+    log = tmp_path_factory.mktemp("log") / "server.log"
     env = {**os.environ, "MEMSEARCHER_HOME": str(index.folder.parent / "home")}
     command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve"]
     command += ["--index", str(index.folder), "--port", str(port), "--max-top-n", "50"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"server did not start:\n{log.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with running(command, f"http://127.0.0.1:{port}/health", log, env, timeout=60):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
