@@ -109,3 +109,24 @@ def test_a_failing_search_reaches_the_caller(llm: HFModel) -> None:
     episodes = start_episodes("memsearcher", QUESTIONS, llm.tokenizer, CONFIG)
     with pytest.raises(RuntimeError, match="index is gone"):
         asyncio.run(run_async(episodes, ScriptedSearch(llm), FailingRetriever(), SamplingParams()))
+
+
+class AskingServer(ScriptedSearch):
+    """An async backend whose context length, like an HTTP model's, would ask a server."""
+
+    @property
+    def max_context_tokens(self) -> int:
+        raise ConnectionError("nothing listens")
+
+
+def test_async_backends_are_told_apart_without_touching_their_properties(
+    llm: HFModel, retriever: Retriever
+) -> None:
+    from memsearcher.llm.base import is_async as is_async_llm
+    from memsearcher.retrieval.base import is_async as is_async_retriever
+    from memsearcher.retrieval.client import AsyncHTTPRetriever, HTTPRetriever
+
+    assert is_async_llm(AskingServer(llm)) and not is_async_llm(llm)
+    assert is_async_retriever(AsyncHTTPRetriever("http://127.0.0.1:9"))
+    assert not is_async_retriever(HTTPRetriever("http://127.0.0.1:9"))
+    assert not is_async_retriever(retriever)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.errors import MemSearcherError
-from memsearcher.llm.base import LLM, AsyncLLM, SamplingParams
+from memsearcher.llm.base import LLM, SamplingParams, is_async
 from memsearcher.retrieval.base import Retriever
 from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers, unless_gone
 from memsearcher.text import sanitize_text
@@ -114,7 +114,7 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
     async def answer(self, question: str, agent_config: AgentConfig) -> Trajectory:
         with self.admit():
             example = QAExample(id=uuid.uuid4().hex, question=question, golden_answers=())
-            if isinstance(self.llm, AsyncLLM):
+            if is_async(self.llm):
                 return await self._answer_alone(example, agent_config)
             future: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
             await self.queue.put((example, agent_config, future))

@@ -42,7 +42,7 @@ from memsearcher.eval.predictions import (
     read_predictions,
 )
 from memsearcher.folders import exclusive
-from memsearcher.llm.base import LLM, AsyncLLM, SamplingParams
+from memsearcher.llm.base import LLM, SamplingParams, is_async
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample, Trajectory
 
@@ -219,7 +219,7 @@ def _async(
 ) -> None:
     from memsearcher.agent.async_driver import run_async
 
-    if not isinstance(llm, AsyncLLM):
+    if not is_async(llm):
         raise MemSearcherError("the async driver needs an HTTP backend (--backend openai)")
     episodes = start_episodes(
         config.agent, examples, llm.tokenizer, config.agent_config, templates,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard
 
 from memsearcher.types import FinishReason
 
@@ -117,10 +118,9 @@ class LLM(Protocol):
     ) -> list[Completion]: ...
 
 
-@runtime_checkable
 class AsyncLLM(Protocol):
-    """An LLM that generates for one prompt at a time, concurrently (an HTTP backend); the
-    async driver runs it, and ``isinstance(llm, AsyncLLM)`` tells it from an `LLM`."""
+    """An LLM that generates for one prompt at a time, concurrently (an HTTP backend): what
+    the async driver runs."""
 
     @property
     def tokenizer(self) -> Tokenizer: ...
@@ -129,3 +129,9 @@ class AsyncLLM(Protocol):
     def max_context_tokens(self) -> int: ...
 
     async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
+
+
+def is_async(llm: Any) -> TypeGuard[AsyncLLM]:
+    """Whether ``llm`` has an async ``agenerate`` (checked without touching its properties,
+    which for an HTTP backend may ask its server)."""
+    return inspect.iscoroutinefunction(getattr(llm, "agenerate", None))
