@@ -30,10 +30,11 @@ from memsearcher.data.synthetic import (
 from memsearcher.demo.behaviour import BEHAVIOURS, behaviour
 from memsearcher.demo.copying import copy_sequences, fact_lookups
 from memsearcher.demo.model import build_tokenizer, save_demo_model
-from memsearcher.demo.pipeline import PRESETS
+from memsearcher.demo.pipeline import OUTPUTS, PRESETS
 from memsearcher.demo.templates import DEMO_TEMPLATES, tokenizer_texts
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.metrics import exact_match
+from memsearcher.folders import MARKER
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
@@ -396,6 +397,8 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
         model = out / f"grpo-{agent}" / f"step-{PRESETS['quick'].grpo_steps}" / "model"
         assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
     assert results["config"]["sft_steps"] == PRESETS["quick"].sft_steps
+    # OUTPUTS names every entry the demo writes, and nothing it does not
+    assert {p.name for p in out.iterdir()} == {*OUTPUTS, MARKER}
 
     # a second run into the same folder starts clean: nothing resumed or appended
     again = subprocess.run(

@@ -7,13 +7,6 @@ from pathlib import Path
 
 from memsearcher.folders import claim_folder
 
-DEMO_OUTPUTS = frozenset(
-    {"world", "index", "templates.yaml", "models", "oracle", "sft", "eval", "report.md",
-     "results.json", "reward_per_step.png", "em_by_method.png", "prompt_tokens_per_turn.png"}
-)  # fmt: skip
-"""Everything `run_demo` writes into its folder, besides ``grpo-world`` (GRPO's renamed copy)
-and one ``grpo-<agent>`` folder per agent."""
-
 
 def add_demo_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -38,18 +31,14 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _demo_output(name: str) -> bool:
-    return name in DEMO_OUTPUTS or name.startswith("grpo-")
-
-
 def _run(args: argparse.Namespace) -> int:
-    from memsearcher.demo.pipeline import PRESETS, run_demo
+    from memsearcher.demo.pipeline import OUTPUTS, PRESETS, run_demo
     from memsearcher.demo.report import format_grpo_questions, format_results, write_report
 
     out = Path(args.out)
     # An earlier run's stages would resume or append, so it is replaced whole; a folder the
     # demo did not make is never touched, whatever its entries are called.
-    claim_folder(out, "demo", "a demo run", _demo_output, args.overwrite)
+    claim_folder(out, "demo", "a demo run", OUTPUTS.__contains__, args.overwrite)
     results = run_demo(out, PRESETS["quick" if args.quick else "full"], args.seed)
     report = write_report(out, results)
     print(format_results(results))

@@ -1,28 +1,17 @@
 """The whole demo, stage by stage: world, index, model, oracle SFT data, SFT, GRPO, evaluation.
 
-Everything is written under one output folder, each stage to its own subfolder, so a run can be
-read afterwards (and every model is a normal HF folder that `memsearcher ask/eval` can load)::
-
-    OUT/world/          corpus.jsonl, train/rl/dev/test.jsonl (FlashRAG), world.json
-    OUT/index/          BM25 index of the world
-    OUT/templates.yaml  the demo's short prompts
-    OUT/models/init     tokenizer trained here + a randomly initialized Llama
-    OUT/models/copy     the same model after its copy warm-up (where SFT starts)
-    OUT/oracle/         the imperfect teacher's trajectories of both agents (the SFT data), on
-                        renamed copies of the world (world-K/), each with its own index
-    OUT/grpo-world/     the renamed copy whose rl questions GRPO trains on (world/, index/)
-    OUT/sft/            SFT run (metrics.jsonl, step-N/model)
-    OUT/grpo-<agent>/   GRPO run per agent
-    OUT/eval/<method>-<agent>/  predictions and summary on the test (and rl) questions
-    OUT/report.md, OUT/*.png, OUT/results.json
+Everything is written under one output folder, each stage to its own entry (:data:`OUTPUTS`
+says what each holds), so a run can be read afterwards; every model is a normal HF folder that
+`memsearcher ask/eval` can load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,11 +46,12 @@ from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
-from memsearcher.retrieval.bm25 import build_bm25
+from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.rl.config import GRPOConfig, ModelConfig, OptimConfig, SFTConfig
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
 from memsearcher.teach.oracle import AGENTS, TeacherFlaws, oracle_policy
+from memsearcher.types import QAExample
 
 __all__ = [
     "AGENTS",
@@ -149,6 +139,26 @@ PRESETS: dict[str, DemoConfig] = {
 }
 """``full`` is the README's main job; ``quick`` checks every stage end to end in CI."""
 
+OUTPUTS = {
+    "world": "corpus.jsonl, train/rl/dev/test.jsonl (FlashRAG), world.json",
+    "index": "the BM25 index of the world",
+    "templates.yaml": "the demo's short prompts",
+    "models": "init/: the tokenizer trained here and a randomly initialized Llama; copy/: the "
+    "same model after its copy warm-up (where SFT starts)",
+    "oracle": "the imperfect teacher's trajectories of both agents (the SFT data), on renamed "
+    "copies of the world (world-K/), each with its own index",
+    "grpo-world": "the renamed copy whose rl questions GRPO trains on (world/, index/)",
+    "sft": "the SFT run (metrics.jsonl, step-N/model)",
+    **{f"grpo-{agent}": f"the GRPO run of {agent}" for agent in AGENTS},
+    "eval": "<method>-<agent>/: predictions and summary on the test (and rl) questions",
+    "results.json": "every number of the run",
+    "report.md": "the report (written by `memsearcher.demo.report.write_report`)",
+    "reward_per_step.png": "the report's plot of GRPO's mean reward per step",
+    "em_by_method.png": "the report's plot of EM by method and agent",
+    "prompt_tokens_per_turn.png": "the report's plot of prompt tokens per turn",
+}
+"""Every entry the demo writes into its folder, with what it holds."""
+
 Echo = Callable[[str], None]
 
 
@@ -159,136 +169,130 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
-    def stage(name: str) -> Callable[[], None]:
+    @contextlib.contextmanager
+    def stage(name: str) -> Iterator[None]:
         begun = time.perf_counter()
         echo(f"[demo] {name} ...")
+        yield
+        timings[name] = round(time.perf_counter() - begun, 1)
+        echo(f"[demo] {name}: {timings[name]} s")
 
-        def done() -> None:
-            timings[name] = round(time.perf_counter() - begun, 1)
-            echo(f"[demo] {name}: {timings[name]} s")
+    with stage("world and index"):
+        world = generate_world(replace(config.world, seed=seed))
+        paths = write_world(world, out / "world")
+        index = build_bm25(paths["corpus"], out / "index", overwrite=True)
+        templates_file = out / "templates.yaml"
+        templates_file.write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
+        templates = Templates(**DEMO_TEMPLATES)
+        test = read_examples(paths["test"])[: config.test_questions]
 
-        return done
+    with stage("tokenizer and model"):
+        init = save_demo_model(
+            out / "models" / "init", tokenizer_texts(world), config.model, seed, world.names
+        )
 
-    done = stage("world and index")
-    world = generate_world(replace(config.world, seed=seed))
-    paths = write_world(world, out / "world")
-    index = build_bm25(paths["corpus"], out / "index", overwrite=True)
-    templates_file = out / "templates.yaml"
-    templates_file.write_text(yaml.safe_dump(DEMO_TEMPLATES), encoding="utf-8")
-    templates = Templates(**DEMO_TEMPLATES)
-    test = read_examples(paths["test"])[: config.test_questions]
-    done()
+    with stage("renamed worlds"):
+        # SFT reads renamed copies of the world, never the world itself: no fact of the world
+        # evaluated on is ever trained on, and a name can only be copied, not recalled
+        renamed = [
+            _renamed_copy(world, copy, out / "oracle" / f"world-{copy}", "train")
+            for copy in range(config.sft_worlds)
+        ]
+        # GRPO, too, trains on a copy: on the world's own rl questions, reward could also teach
+        # which names answer it (their answers are drawn from the test answers' names)
+        grpo_folder = out / "grpo-world"
+        grpo_copy = _renamed_copy(world, config.grpo_world, grpo_folder, "rl")
+        rl = grpo_copy.questions[: config.test_questions]
 
-    done = stage("tokenizer and model")
-    init = save_demo_model(
-        out / "models" / "init", tokenizer_texts(world), config.model, seed, world.names
-    )
-    done()
+    with stage("copy warm-up"):
+        warm = out / "models" / "copy"
+        shutil.copytree(init, warm, dirs_exist_ok=True)
+        lookups = [question_lookups([c.world for c in renamed])]
+        if config.fact_warmup:
+            top_n = config.agent.top_n
+            lookups.append([f for c in renamed for f in fact_lookups(c.world, c.index, top_n)])
+        losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed, lookups=lookups)
+        if losses:
+            echo(f"[demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
-    done = stage("renamed worlds")
-    # SFT reads renamed copies of the world, never the world itself: no fact of the world
-    # evaluated on is ever trained on, and a name can only be copied, not recalled
-    renamed = [
-        _renamed_copy(world, copy, out / "oracle" / f"world-{copy}", "train")
-        for copy in range(config.sft_worlds)
-    ]
-    # GRPO, too, trains on a copy: on the world's own rl questions, reward could also teach
-    # which names answer it (their answers are drawn from the test answers' names)
-    grpo_folder = out / "grpo-world"
-    _, rl, grpo_index = _renamed_copy(world, config.grpo_world, grpo_folder, "rl")
-    rl = rl[: config.test_questions]
-    done()
+    with stage("teacher trajectories"):
+        tokenizer = load_tokenizer(str(init))
+        flaws = replace(config.flaws, seed=seed)
+        sft_data = out / "oracle" / "trajectories.jsonl"
+        sft_data.parent.mkdir(parents=True, exist_ok=True)
+        teacher_summary: dict[str, Any] = {"flaws": asdict(flaws), "worlds": config.sft_worlds}
+        runs: dict[str, list[Any]] = {agent: [] for agent in AGENTS}
+        with sft_data.open("w", encoding="utf-8") as lines:
+            for copy in renamed:
+                teacher = ScriptedLLM(tokenizer, oracle_policy(copy.questions, flaws))
+                for agent in AGENTS:
+                    episodes = start_episodes(
+                        agent, copy.questions, tokenizer, config.agent, templates
+                    )
+                    trajectories = run_lockstep(episodes, teacher, copy.index, SamplingParams())
+                    runs[agent] += trajectories
+                    lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+        for agent, trajectories in runs.items():
+            scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
+            records = [{"prediction": t.answer, "trajectory": t.to_dict()} for t in trajectories]
+            teacher_summary[agent] = {"em": sum(scores) / len(scores), **behaviour(records)}
+        # the ideal agent on the test questions: the copy probe's held-out name tokens
+        ideal = ScriptedLLM(tokenizer, oracle_policy(test))
+        episodes = start_episodes("memsearcher", test, tokenizer, config.agent, templates)
+        ideal_runs = run_lockstep(episodes, ideal, index, SamplingParams())
+        probe = [s for t in ideal_runs for s in t.sequences]
+        name_ids = {tokenizer.encode(name)[0] for name in world.names}
 
-    done = stage("copy warm-up")
-    warm = out / "models" / "copy"
-    shutil.copytree(init, warm, dirs_exist_ok=True)
-    lookups = [question_lookups([w for w, _, _ in renamed])]
-    if config.fact_warmup:
-        top_n = config.agent.top_n
-        lookups.append([f for w, _, i in renamed for f in fact_lookups(w, i, top_n)])
-    losses = warm_up_copying(warm, world.names, config.copy_warmup_steps, seed, lookups=lookups)
-    if losses:
-        echo(f"[demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    done()
-
-    done = stage("teacher trajectories")
-    tokenizer = load_tokenizer(str(init))
-    flaws = replace(config.flaws, seed=seed)
-    sft_data = out / "oracle" / "trajectories.jsonl"
-    sft_data.parent.mkdir(parents=True, exist_ok=True)
-    teacher_summary: dict[str, Any] = {"flaws": asdict(flaws), "worlds": config.sft_worlds}
-    runs: dict[str, list[Any]] = {agent: [] for agent in AGENTS}
-    with sft_data.open("w", encoding="utf-8") as lines:
-        for _, questions, copy_index in renamed:
-            teacher = ScriptedLLM(tokenizer, oracle_policy(questions, flaws))
-            for agent in AGENTS:
-                episodes = start_episodes(agent, questions, tokenizer, config.agent, templates)
-                trajectories = run_lockstep(episodes, teacher, copy_index, SamplingParams())
-                runs[agent] += trajectories
-                lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
-    for agent, trajectories in runs.items():
-        scores = [exact_match(t.answer or "", t.example.golden_answers) for t in trajectories]
-        records = [{"prediction": t.answer, "trajectory": t.to_dict()} for t in trajectories]
-        teacher_summary[agent] = {"em": sum(scores) / len(scores), **behaviour(records)}
-    # the ideal agent on the test questions: the copy probe's held-out name tokens
-    ideal = ScriptedLLM(tokenizer, oracle_policy(test))
-    episodes = start_episodes("memsearcher", test, tokenizer, config.agent, templates)
-    probe = [s for t in run_lockstep(episodes, ideal, index, SamplingParams()) for s in t.sequences]
-    name_ids = {tokenizer.encode(name)[0] for name in world.names}
-    done()
-
-    done = stage("SFT")
-    train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
-    sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
-    losses = _metric(out / "sft", "train/loss")
-    echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    copy_probe = {}
-    for name, path in (("warm-up", warm), ("sft", sft_model)):
-        correct, total = name_token_accuracy(_load(path), probe, name_ids)
-        copy_probe[name] = correct / max(total, 1)
-    copy_probe["name_tokens"] = total
-    echo(f"[demo] copy probe (held-out name tokens, teacher-forced): {copy_probe}")
-    done()
+    with stage("SFT"):
+        train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
+        sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
+        losses = _metric(out / "sft", "train/loss")
+        echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        copy_probe = {}
+        for name, path in (("warm-up", warm), ("sft", sft_model)):
+            correct, total = name_token_accuracy(_load(path), probe, name_ids)
+            copy_probe[name] = correct / max(total, 1)
+        copy_probe["name_tokens"] = total
+        echo(f"[demo] copy probe (held-out name tokens, teacher-forced): {copy_probe}")
 
     grpo_models = {}
     for agent in AGENTS:
-        done = stage(f"GRPO ({agent})")
-        output = out / f"grpo-{agent}"
-        train_grpo(grpo_config(config, agent, grpo_folder, templates_file, sft_model, output, seed))
-        rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
-        echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
-        grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
-        done()
+        with stage(f"GRPO ({agent})"):
+            output = out / f"grpo-{agent}"
+            grpo = grpo_config(config, agent, grpo_folder, templates_file, sft_model, output, seed)
+            train_grpo(grpo)
+            rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
+            echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
+            grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
 
-    done = stage("evaluation")
-    models = {"untrained": {a: init for a in AGENTS}, "sft": {a: sft_model for a in AGENTS},
-              "sft+grpo": grpo_models}  # fmt: skip
-    evaluations: dict[str, dict[str, Any]] = {}
-    loaded: dict[Path, HFModel] = {}  # the untrained and SFT models serve both agents
-    for method, per_agent in models.items():
-        for agent, path in per_agent.items():
-            if path not in loaded:
-                loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
-            target = out / "eval" / f"{method}-{agent}"
-            summary = evaluate_questions(
-                loaded[path], agent, "test", test, index, templates, config, target
-            )
-            records = read_predictions(target / "test" / "predictions.jsonl")
-            summary["behaviour"] = behaviour(records)
-            evaluations[f"{method}/{agent}"] = summary
-            echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
-    # The same models on GRPO's own questions (held out from SFT, trained on by GRPO): what
-    # GRPO learned there, next to how much of it carries over to the test questions.
-    grpo_questions: dict[str, dict[str, Any]] = {}
-    for method in ("sft", "sft+grpo"):
-        for agent, path in models[method].items():
-            target = out / "eval" / f"{method}-{agent}"
-            summary = evaluate_questions(
-                loaded[path], agent, "rl", rl, grpo_index, templates, config, target
-            )
-            grpo_questions[f"{method}/{agent}"] = summary
-            echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f} on GRPO's questions")
-    done()
+    with stage("evaluation"):
+        models = {"untrained": {a: init for a in AGENTS}, "sft": {a: sft_model for a in AGENTS},
+                  "sft+grpo": grpo_models}  # fmt: skip
+        evaluations: dict[str, dict[str, Any]] = {}
+        loaded: dict[Path, HFModel] = {}  # the untrained and SFT models serve both agents
+        for method, per_agent in models.items():
+            for agent, path in per_agent.items():
+                if path not in loaded:
+                    loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
+                target = out / "eval" / f"{method}-{agent}"
+                summary = evaluate_questions(
+                    loaded[path], agent, "test", test, index, templates, config, target
+                )
+                records = read_predictions(target / "test" / "predictions.jsonl")
+                summary["behaviour"] = behaviour(records)
+                evaluations[f"{method}/{agent}"] = summary
+                echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f}")
+        # The same models on GRPO's own questions (held out from SFT, trained on by GRPO): what
+        # GRPO learned there, next to how much of it carries over to the test questions.
+        grpo_questions: dict[str, dict[str, Any]] = {}
+        for method in ("sft", "sft+grpo"):
+            for agent, path in models[method].items():
+                target = out / "eval" / f"{method}-{agent}"
+                summary = evaluate_questions(
+                    loaded[path], agent, "rl", rl, grpo_copy.index, templates, config, target
+                )
+                grpo_questions[f"{method}/{agent}"] = summary
+                echo(f"[demo] {method:>9} {agent:<11} EM {summary['em']:.3f} on GRPO's questions")
 
     results = {
         "seed": seed,
@@ -352,13 +356,22 @@ def grpo_config(
     )
 
 
-def _renamed_copy(world: World, copy: int, where: Path, split: str) -> tuple[World, list[Any], Any]:
+@dataclass(frozen=True)
+class RenamedCopy:
+    """A renamed copy of the world as written to disk, with one split's questions."""
+
+    world: World
+    questions: list[QAExample]
+    index: BM25Index
+
+
+def _renamed_copy(world: World, copy: int, where: Path, split: str) -> RenamedCopy:
     """Write renamed copy ``copy`` of ``world`` and its BM25 index into ``where`` (world/,
     index/); return the copy, its ``split`` questions and the index."""
     renamed = rename_world(world, copy)
     files = write_world(renamed, where / "world")
     index = build_bm25(files["corpus"], where / "index", overwrite=True)
-    return renamed, read_examples(files[split]), index
+    return RenamedCopy(renamed, read_examples(files[split]), index)
 
 
 def _load(path: Path) -> Any:
