@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,14 +14,21 @@ import pytest
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.agent.replay import search_then_answer
 from memsearcher.cli import main as cli
+from memsearcher.data.compose import compose
 from memsearcher.errors import MemSearcherError
-from memsearcher.integrations.verl import check_trainer_config, example_from_row, turn_rows
+from memsearcher.integrations.verl import (
+    check_trainer_config,
+    example_from_row,
+    turn_rows,
+    verl_rows,
+    write_parquet,
+)
 from memsearcher.integrations.verl.outputs import finish_reason, lay_logprobs, reward_info
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.retrieval.base import Retriever
-from memsearcher.rl.rewards import trajectory_reward
+from memsearcher.rl.rewards import multi_em_reward, multi_f1_reward, trajectory_reward
 from memsearcher.types import QAExample, TokenSequence, Trajectory
 
 ROWS = {
@@ -113,11 +121,63 @@ def test_rows_read_back_as_verl_hands_them_over() -> None:
         example_from_row({"extra_info": {"question": "q"}})
     with pytest.raises(MemSearcherError, match="at least one golden answer"):
         example_from_row({"extra_info": {"question": "q", "golden_answers": []}})
+    lost = {"question": "q", "golden_answers": ["a; b"], "objectives": [{"question": "x"}]}
+    with pytest.raises(MemSearcherError, match="an objective without golden answers"):
+        example_from_row({"extra_info": lost})
 
 
-def _trajectory(sequences: tuple[TokenSequence, ...], answer: str | None = "Paris") -> Trajectory:
+def _numpy_lists(value: Any) -> Any:
+    """``value`` with every list an object array, as veRL's dataset hands parquet lists over."""
+    if isinstance(value, dict):
+        return {key: _numpy_lists(item) for key, item in value.items()}
+    if isinstance(value, list):
+        array = np.empty(len(value), dtype=object)
+        array[:] = [_numpy_lists(item) for item in value]
+        return array
+    return value
+
+
+MULTI = [
+    QAExample("a", "Who wrote Hamlet", ("William Shakespeare", "Shakespeare")),
+    QAExample("b", "What is the capital of France?", ("Paris",)),
+    QAExample("c", "Which planet is red?", ("Mars", "the red planet")),
+]
+
+
+@pytest.mark.parametrize("objectives", [1, 2, 3])
+def test_a_multi_objective_task_scores_the_same_through_the_rows(
+    objectives: int, tmp_path: Path
+) -> None:
+    """Every objective's golds survive verl_rows -> parquet -> example_from_row, read back as
+    lists or as veRL's NumPy arrays: a perfect answer, or one with another gold of an objective,
+    scores as it does directly, and so do the validation metrics."""
+    import pyarrow.parquet as pq
+
+    tasks = compose(MULTI, objectives, seed=0)
+    out = write_parquet(verl_rows({"nq": tasks}, "mem1", "train"), tmp_path / "t.parquet")
+    listed = pq.read_table(out).to_pylist()
+    for rows in (listed, [_numpy_lists(row) for row in listed]):
+        for task, row in zip(tasks, rows, strict=True):
+            back = example_from_row(row)
+            assert back.objectives == task.objectives
+            assert back.question == task.question
+            perfect = "; ".join(golds[-1] for golds in task.objectives)
+            for answer in (perfect, "Paris", None):
+                direct, through = _trajectory((), answer, task), _trajectory((), answer, back)
+                for reward in (multi_em_reward, multi_f1_reward):
+                    assert reward(through) == reward(direct)
+                assert reward_info(through, 0.0) == reward_info(direct, 0.0)
+            assert multi_em_reward(_trajectory((), perfect, back)) == objectives
+            assert reward_info(_trajectory((), perfect, back), 0.0)["acc"] == objectives
+
+
+def _trajectory(
+    sequences: tuple[TokenSequence, ...],
+    answer: str | None = "Paris",
+    example: QAExample | None = None,
+) -> Trajectory:
     return Trajectory(
-        example=QAExample("q", "Which city?", ("Paris",)),
+        example=example or QAExample("q", "Which city?", ("Paris",)),
         agent="memsearcher",
         turns=(),
         sequences=sequences,

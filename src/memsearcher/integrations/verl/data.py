@@ -12,9 +12,11 @@ veRL's ``RLHFDataset`` reads a parquet file and hands every column of a row to t
 - ``ability``: ``fact-reasoning``, as in Search-R1's data;
 - ``reward_model``: ``{"style": "rule", "ground_truth": {"target": [golds]}}``, Search-R1's
   layout, so its scorers read our files too; veRL shows ``ground_truth`` in validation dumps;
-- ``extra_info``: ``{"split", "index", "id", "question", "golden_answers"}``: what the loop
-  reads back (:func:`example_from_row`); ``index`` is the row number, which veRL uses to tell
-  the samples of one question apart.
+- ``extra_info``: ``{"split", "index", "id", "question", "golden_answers", "objectives"}``:
+  what the loop reads back (:func:`example_from_row`); ``index`` is the row number, which veRL
+  uses to tell the samples of one question apart; ``objectives`` lists a composed task's
+  objectives (``memsearcher.data.compose``: ``id``, ``question``, ``golden_answers`` each; empty
+  for a plain question), whose golds its rewards score against, not the joined answer.
 """
 
 from __future__ import annotations
@@ -52,10 +54,24 @@ def verl_rows(
                         "id": example.id,
                         "question": example.question,
                         "golden_answers": golds,
+                        "objectives": _objectives(example),
                     },
                 }
             )
     return rows
+
+
+def _objectives(example: QAExample) -> list[dict[str, Any]]:
+    """A composed task's objectives, without their own metadata (a parquet column needs one
+    type in every row, and free-form metadata has none)."""
+    return [
+        {
+            "id": str(objective.get("id", "")),
+            "question": objective["question"],
+            "golden_answers": list(objective["golden_answers"]),
+        }
+        for objective in example.metadata.get("objectives", [])
+    ]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], out: str | Path) -> Path:
@@ -102,9 +118,25 @@ def example_from_row(row: Mapping[str, Any]) -> QAExample:
             f"the veRL row {info.get('id')!r} needs a question and at least one golden answer"
         )
     metadata = {"data_source": str(row.get("data_source", "")), "index": info.get("index")}
+    objectives = info.get("objectives")
+    if objectives is not None and len(objectives) > 0:
+        metadata["objectives"] = [_objective(o, info.get("id")) for o in objectives]
     return QAExample(
         id=str(info.get("id", info.get("index", ""))),
         question=question.strip(),
         golden_answers=tuple(str(g) for g in golds),
         metadata=metadata,
     )
+
+
+def _objective(objective: Any, task: Any) -> dict[str, Any]:
+    golds = objective.get("golden_answers") if isinstance(objective, Mapping) else None
+    if golds is None or isinstance(golds, str) or len(golds) == 0:
+        raise MemSearcherError(
+            f"the veRL row {task!r} has an objective without golden answers: {objective!r}"
+        )
+    return {
+        "id": str(objective.get("id", "")),
+        "question": str(objective.get("question", "")),
+        "golden_answers": [str(g) for g in golds],
+    }

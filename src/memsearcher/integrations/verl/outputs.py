@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.eval.metrics import exact_match, f1_score
+from memsearcher.eval.metrics import exact_match, f1_score, objective_sum
 from memsearcher.llm.base import Tokenizer
 from memsearcher.types import FinishReason, Trajectory
 
@@ -72,14 +72,22 @@ def lay_logprobs(
 
 def reward_info(trajectory: Trajectory, reward: float) -> dict[str, Any]:
     """veRL's ``reward_extra_info``: numbers it averages per data source in validation
-    (``acc`` is its headline), ``pred`` for its majority vote, strings it only logs."""
+    (``acc`` is its headline), ``pred`` for its majority vote, strings it only logs.
+
+    A composed multi-objective task sums ``acc`` and ``f1`` over its objectives with the count
+    rule, as our evaluation does (0..N)."""
     answer = trajectory.answer if trajectory.well_formed and trajectory.answer else ""
-    golds = trajectory.example.golden_answers
-    turns = trajectory.turns
+    example, turns = trajectory.example, trajectory.turns
+    if "objectives" in example.metadata:
+        acc = objective_sum(answer, example.objectives, exact_match) if answer else 0.0
+        f1 = objective_sum(answer, example.objectives, f1_score) if answer else 0.0
+    else:
+        acc = exact_match(answer, example.golden_answers) if answer else 0.0
+        f1 = f1_score(answer, example.golden_answers) if answer else 0.0
     return {
         "score": float(reward),
-        "acc": exact_match(answer, golds) if answer else 0.0,
-        "f1": f1_score(answer, golds) if answer else 0.0,
+        "acc": acc,
+        "f1": f1,
         "well_formed": float(trajectory.well_formed),
         "turns": float(len(turns)),
         "searches": float(trajectory.num_searches),
