@@ -59,7 +59,8 @@ def grpo_overrides(tiny: Path, questions: Path, out: Path) -> list[str]:
 
 
 def run(command: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
 
@@ -255,6 +256,37 @@ def test_accelerate_launch_runs_sft_on_two_cpu_ranks(
     else:
         adapter = load_file(step / "model" / "adapter_model.safetensors")
         assert any("lora_B" in k and bool(v.abs().sum() > 0) for k, v in adapter.items())
+
+
+@pytest.mark.slow
+def test_sft_on_two_ranks_takes_the_gradient_of_the_whole_step(
+    sft_data: Path, tmp_path: Path
+) -> None:
+    """Two DDP ranks holding different numbers of loss tokens take the step one process takes
+    on all four sequences: each token weighs 1 / (tokens over all ranks), not 1 / (its own
+    rank's), so the gradient norms and the mean NLL agree."""
+    from memsearcher.rl.seeding import draw
+    from memsearcher.rl.train_sft import read_trajectories
+
+    sequences = [s for t in read_trajectories(sft_data) for s in t.sequences]
+    chosen = draw(len(sequences), 0, 4, seed=1)
+    tokens = [sum(sum(sequences[i].loss_mask) for i in chosen[r::2]) for r in (0, 1)]
+    assert tokens[0] != tokens[1]  # else the two weightings agree
+    tiny = sft_data.parent / "tiny"
+    train = ["-m", "memsearcher.cli", "train", "sft", "--config"]
+    train += [str(ROOT / "configs" / "sft-tiny-cpu.yaml")]
+    settings = [f"data={sft_data}", f"model.path={tiny}", "tensorboard=false", "optim.lr=1e-3"]
+    settings += ["optim.warmup_steps=0", "optim.max_grad_norm=0", *SFT]
+    runs = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks{ranks}"
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+        launch = launch if ranks == 2 else []
+        run([sys.executable, *launch, *train, f"output_dir={out}", *settings])
+        runs[ranks] = read_metrics(out)
+    for key in ("train/grad_norm", "train/loss"):
+        one, two = ([m[key] for m in runs[r]] for r in (1, 2))
+        assert two == pytest.approx(one, rel=1e-4), key
 
 
 def test_unknown_strategy_and_an_ignored_accelerate_fsdp_config_are_clear_errors(

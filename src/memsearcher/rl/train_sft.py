@@ -3,7 +3,7 @@
 The input is trajectory JSONL as the agent writes it (one ``Trajectory.to_dict()`` per line).
 Every turn sequence is trained on its own loss mask, so tokens the environment inserted (tool
 responses, template glue) are never learned. The loss is the mean negative log-likelihood over
-the masked tokens of each optimizer step.
+the masked tokens of each optimizer step, over all ranks together.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from memsearcher.rl.distributed import (
     init_runtime,
     no_sync,
     reduce_mean,
+    sum_over_ranks,
     wrap_for_training,
 )
 from memsearcher.rl.metrics_log import MetricsLog
@@ -138,12 +139,15 @@ def train_sft(
         batches = [collate(sequences, plan, pad_id, config.share_prefix) for plan in plans]
         batches = even_out(batches, learner, runtime)
         tokens = sum(float(b.loss_mask.sum()) for b in batches)
+        # every token of the step weighs the same on every rank: divide by the tokens over all
+        # ranks, times world_size since DDP/FSDP average the ranks' gradients
+        scale = runtime.world_size / max(sum_over_ranks(tokens, runtime), 1.0)
         nll = 0.0
         for k, batch in enumerate(batches):
             with no_sync(learner, sync=k == len(batches) - 1):
                 logprobs = sequence_logprobs(learner, batch, 1.0, precision.compute)
                 mask = batch.loss_mask.to(logprobs.device)  # (B, R)
-                loss = -(logprobs * mask).sum() / max(tokens, 1.0)
+                loss = -(logprobs * mask).sum() * scale
                 loss.backward()
             nll += float(loss.detach())
         grad_norm = optimizer_step(model, optimizer, scheduler, config.optim)
