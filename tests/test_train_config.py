@@ -151,6 +151,11 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
         (["model.dtype=bfloat16"], "model.dtype=bfloat16 with optim.lr=1e-06"),
         (["model.dtype=float16", "optim.lr=5e-5"], "Keep model.dtype=float32"),
         (["model.dtype=auto"], "model.dtype must be one of"),
+        # LoRA is the policy's only: the critic loads in model.dtype and trains every weight
+        (
+            ["model.dtype=bfloat16", "model.lora_rank=8", "advantage=gae"],
+            "model.dtype=bfloat16 with advantage=gae and critic.lr=1e-05",
+        ),
     ],
 )
 def test_precision_and_sampling_that_cannot_train_are_refused(
@@ -164,6 +169,8 @@ def test_bfloat16_weights_are_accepted_where_they_train() -> None:
     """LoRA keeps its adapters in float32 over a frozen bfloat16 base; a large lr moves
     bfloat16 weights."""
     load_config(GRPOConfig, None, ["model.dtype=bfloat16", "model.lora_rank=8"])
+    critic = ["advantage=gae", "critic.lr=1e-3"]
+    load_config(GRPOConfig, None, ["model.dtype=bfloat16", "model.lora_rank=8", *critic])
     load_config(SFTConfig, None, ["model.dtype=bfloat16", "optim.lr=1e-3"])
 
 

@@ -231,6 +231,8 @@ class GRPOConfig:
                 "would make every rollout off-policy by an amount the ratio cannot see"
             )
         _check_precision(self.model, self.optim)
+        if self.advantage == "gae":
+            _check_critic_precision(self.model, self.critic)
 
     @property
     def updates_per_step(self) -> int:
@@ -296,6 +298,18 @@ def _check_precision(model: ModelConfig, optim: OptimConfig) -> None:
             "|w|/512), so full fine-tuning would not train. Keep model.dtype=float32 (the "
             "default; forward passes still run in bfloat16 under model.autocast) or train LoRA "
             "adapters (model.lora_rank > 0)"
+        )
+
+
+def _check_critic_precision(model: ModelConfig, critic: CriticConfig) -> None:
+    """The same for the critic, which loads in ``model.dtype`` and trains every weight (LoRA
+    is the policy's only)."""
+    if model.dtype != "float32" and critic.lr < LOW_PRECISION_MIN_LR:
+        raise MemSearcherError(
+            f"model.dtype={model.dtype} with advantage=gae and critic.lr={critic.lr:g}: the "
+            f"critic loads in {model.dtype} and trains every weight, even under LoRA, and "
+            "AdamW steps this small round away there. Keep model.dtype=float32 (the default; "
+            "forward passes still run in bfloat16 under model.autocast)"
         )
 
 
