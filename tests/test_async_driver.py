@@ -19,7 +19,7 @@ from memsearcher.agent.async_driver import run_async
 from memsearcher.llm.base import Completion, SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.retrieval.base import Retriever
-from memsearcher.types import Hit, QAExample
+from memsearcher.types import Hit, QAExample, Turn
 
 QUESTIONS = [
     QAExample("a", "Who wrote Hamlet?", ("Shakespeare",)),
@@ -67,6 +67,7 @@ def test_async_driver_agrees_with_lockstep(llm: HFModel, retriever: Retriever) -
         )
 
     finished: list[str] = []
+    told: list[tuple[int, Turn]] = []
     concurrent = asyncio.run(
         run_async(
             episodes(),
@@ -75,11 +76,14 @@ def test_async_driver_agrees_with_lockstep(llm: HFModel, retriever: Retriever) -
             greedy,
             concurrency=2,
             on_done=lambda i, t: finished.append(t.example.id),
+            on_turn=lambda i, turn: told.append((i, turn)),
         )
     )
     lockstep = run_lockstep(episodes(), backend, retriever, greedy)
     assert [t.example.id for t in concurrent] == ["a", "b", "c", "d"]
     assert sorted(finished) == ["a", "b", "c", "d"]
+    for i, trajectory in enumerate(concurrent):  # every turn told once, in order
+        assert [turn for j, turn in told if j == i] == list(trajectory.turns)
     assert [t.to_dict() for t in concurrent] == [t.to_dict() for t in lockstep]
     assert backend.most_in_flight <= 2
     assert sum(map(len, counting.batches)) == sum(t.num_searches for t in concurrent)

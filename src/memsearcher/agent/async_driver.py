@@ -18,10 +18,10 @@ from functools import partial
 from operator import itemgetter
 from typing import cast
 
-from memsearcher.agent.base import Episode, Generate, Search
+from memsearcher.agent.base import Episode, Generate, Search, TurnCallback
 from memsearcher.llm.base import AsyncLLM, Completion, SamplingParams, derive_seed
 from memsearcher.retrieval.base import AsyncRetriever, Retriever, SearchRefused, is_async
-from memsearcher.types import Hit, Trajectory
+from memsearcher.types import Hit, Trajectory, Turn
 from memsearcher.worker import QueueWorker
 
 logger = logging.getLogger(__name__)
@@ -89,13 +89,16 @@ async def drive(
     episode: Episode,
     generate: Callable[[Generate], Awaitable[Completion]],
     search: Callable[[Search], Awaitable[Sequence[Hit]]],
+    on_turn: Callable[[Turn], None] | None = None,
 ) -> Trajectory:
-    """Run one episode to its end, asking ``generate`` and ``search`` for what it requests.
+    """Run one episode to its end, asking ``generate`` and ``search`` for what it requests;
+    ``on_turn(turn)`` sees each turn as it closes.
 
     The one loop over the episode protocol (``next_request`` / ``on_generation`` /
     ``on_search`` / ``result``) that every async caller shares: ``run_async`` below, and the veRL
     agent loop (``memsearcher.integrations.verl``), whose generations go to veRL's servers.
     """
+    reported = 0
     while (request := episode.next_request()) is not None:
         if isinstance(request, Generate):
             episode.on_generation(await generate(request))
@@ -106,6 +109,9 @@ async def drive(
                 episode.end("search_error", str(error))
             else:
                 episode.on_search(hits[: request.top_n])
+        while on_turn is not None and reported < len(episode.turns):
+            on_turn(episode.turns[reported])
+            reported += 1
     return episode.result()
 
 
@@ -117,9 +123,11 @@ async def run_async(
     concurrency: int = 64,
     on_done: DoneCallback | None = None,
     on_error: ErrorCallback | None = None,
+    on_turn: TurnCallback | None = None,
 ) -> list[Trajectory]:
     """Run every episode to its end, at most ``concurrency`` at once; trajectories come back in
-    order, and ``on_done(index, trajectory)`` hears of each as soon as it ends.
+    order, ``on_turn(index, turn)`` sees each turn as it closes, and ``on_done(index,
+    trajectory)`` hears of each episode as soon as it ends.
 
     An episode that raises stops the whole run, unless ``on_error(index, error)`` is given: then
     only that episode is dropped (it is missing from the returned list) and the others go on.
@@ -160,7 +168,8 @@ async def run_async(
             return await searcher.search(request.query, request.top_n)
 
         async with gate:
-            trajectory = await drive(episode, generate, search)
+            report = None if on_turn is None else partial(on_turn, index)
+            trajectory = await drive(episode, generate, search, report)
         if on_done is not None:
             on_done(index, trajectory)
         return trajectory

@@ -8,7 +8,7 @@ a retriever themselves, so one driver can batch many of them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,9 @@ class Search:
 
 
 Request = Generate | Search
+
+TurnCallback = Callable[[int, Turn], None]
+"""``on_turn(episode_index, turn)``: how a driver reports each turn as it closes."""
 
 ACTION_STOP = ("</tool_call>",)
 MEMORY_STOP = ("</memory>",)

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-from memsearcher.agent.base import Episode, Generate, Search
+from memsearcher.agent.base import Episode, Generate, Search, TurnCallback
 from memsearcher.llm.base import LLM, SamplingParams, derive_seed
 from memsearcher.retrieval.base import Retriever, SearchRefused
-from memsearcher.types import Hit, Trajectory, Turn
+from memsearcher.types import Hit, Trajectory
 
 logger = logging.getLogger(__name__)
-
-TurnCallback = Callable[[int, Turn], None]
 
 
 def run_lockstep(
