@@ -382,3 +382,53 @@ def test_a_question_that_fails_in_a_batch_fails_alone(retriever: Any) -> None:
         for thread in threads:
             thread.join(30)
     assert answers == {"warm?": 200, "a?": 200, "BOOM?": 500, "b?": 200}
+
+
+class GatedThird:
+    """The embedded index, holding its third search until ``open`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+        self.queries: list[str] = []
+
+    def search(self, queries: Any, top_n: int) -> Any:
+        self.queries += queries
+        if len(self.queries) == 3:
+            assert self.open.wait(30)
+        return self.inner.search(queries, top_n)
+
+
+def test_a_dropped_question_stops_at_the_end_of_its_turn(retriever: Any) -> None:
+    """In process: a question whose client hung up (its task cancelled) while the lockstep
+    worker runs it ends when its turn closes, rather than running on to its answer."""
+    import asyncio
+
+    from memsearcher.agent import AgentConfig
+    from memsearcher.agent.replay import search_then_answer
+    from memsearcher.api.app import AgentService, ServeConfig
+    from memsearcher.llm import load_tokenizer
+    from memsearcher.llm.base import SamplingParams
+    from memsearcher.llm.embedded import embedded_model_path
+    from memsearcher.llm.scripted import ScriptedLLM
+
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    llm = ScriptedLLM(tokenizer, search_then_answer(searches=10, answer="Paris"))
+    gated = GatedThird(retriever)
+    told: list[Any] = []
+
+    async def scenario() -> Any:
+        service = AgentService(llm, gated, "memsearcher", AgentConfig(max_turns=20),
+                               SamplingParams(), ServeConfig())  # fmt: skip
+        async with service:
+            dropped = service.answer("Where?", service.agent_config, told.append)
+            while len(told) < 2:  # the third search holds the worker
+                await asyncio.sleep(0.01)
+            dropped.cancel()
+            while service.pending:
+                await asyncio.sleep(0.01)
+            gated.open.set()
+            return await service.answer("Again?", service.agent_config)
+
+    assert asyncio.run(scenario()).answer == "Paris"
+    assert len(told) == 2 and sum("Where?" in q for q in gated.queries) == 3

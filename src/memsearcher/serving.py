@@ -49,6 +49,7 @@ __all__ = [
     "Timeouts",
     "add_error_handlers",
     "allowed_hosts",
+    "fault_detail",
     "run_server",
     "unless_gone",
 ]
@@ -213,8 +214,9 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     """The result of ``work``, or :class:`ClientGone` as soon as the client hangs up first.
 
     The work is then cancelled: a request still queued leaves the queue and its place (the 503
-    bound) is free at once. Work already running in a worker thread cannot be stopped; it runs
-    to its end and its answer is dropped.
+    bound) is free at once. Work already running in a worker thread cannot be stopped from here;
+    it runs on until it checks (the agent service ends a dropped question at the end of its
+    turn), and its answer is dropped.
     """
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request.receive))
@@ -226,6 +228,13 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     if task.done() and not task.cancelled():
         return task.result()
     raise ClientGone("the client hung up; its request was dropped")
+
+
+def fault_detail(error: Exception) -> str:
+    """What a client is told of a fault: our own errors are written for the operator (a corpus
+    that changed under the index); anything else may carry internals, so only its type."""
+    said = f": {error}" if isinstance(error, MemSearcherError) else ""
+    return f"internal error: {type(error).__name__}{said}"
 
 
 def add_error_handlers(app: Any) -> None:
@@ -255,10 +264,7 @@ def add_error_handlers(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def failed(request: Any, error: Exception) -> Any:
-        # our own errors are written for the operator (a corpus that changed under the index);
-        # anything else may carry internals, so only its type is named
-        said = f": {error}" if isinstance(error, MemSearcherError) else ""
-        return JSONResponse({"detail": f"internal error: {type(error).__name__}{said}"}, 500)
+        return JSONResponse({"detail": fault_detail(error)}, 500)
 
 
 def _timeouts_from_env() -> Timeouts:

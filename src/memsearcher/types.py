@@ -95,8 +95,10 @@ class Turn:
 
 
 EndReason = Literal[
-    "answer", "format_error", "max_turns", "length", "context_limit", "search_error"
+    "answer", "format_error", "max_turns", "length", "context_limit", "search_error", "cancelled"
 ]
+"""Why an episode ended; ``"cancelled"``: a server dropped it (its client hung up), and nobody
+sees that trajectory."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """The agent API: ``memsearcher serve`` answers questions with the search agent over HTTP.
 
     POST /v1/answer            {"question": str, "max_turns"?: int, "top_n"?: int,
-                                "include_tokens": false}
+                                "include_tokens": false, "stream": false}
                                -> {"answer", "end_reason", "error", "turns", "searches",
-                                   "trajectory"}
+                                   "trajectory"}; streamed: newline-delimited JSON, an event
+                                   a turn, then the result
     POST /v1/chat/completions  OpenAI-style: the last user message is the question; the answer
-                               is the assistant message (no streaming)
+                               is the assistant message; streamed: OpenAI's chunks, the turns
+                               as ``reasoning_content`` (``api.responses``)
     GET  /v1/models, GET /health
 
 Requests waiting at the same moment are answered together: one worker thread takes them as
@@ -14,8 +16,10 @@ a lone request waits for nobody. With an HTTP model (``--backend openai``) each 
 as its own asyncio task instead, and the model's server does the batching. Inputs are bounded
 (``ServeConfig``); a bad request gets a 4xx with a JSON ``detail``, and a full queue gets 503
 with ``Retry-After``. A question that fails in a batch is retried alone, so it fails alone.
-Questions pass through ``memsearcher.text.sanitize_text``. The server binds 127.0.0.1 unless
-told otherwise, and then answers only requests addressed to a loopback name.
+A question whose client hangs up (or closes its stream) is dropped: it gives its place back at
+once and stops at the end of the turn it is in. Questions pass through
+``memsearcher.text.sanitize_text``. The server binds 127.0.0.1 unless told otherwise, and then
+answers only requests addressed to a loopback name.
 """
 
 from __future__ import annotations
@@ -25,24 +29,34 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from operator import itemgetter
+from operator import attrgetter
 from typing import Any, Literal
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.api.responses import (
+    Event,
+    answer_body,
+    answer_lines,
+    chat_chunks,
+    finish_reason,
+    follow,
+    summary,
+    usage,
+)
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import LLM, SamplingParams, is_async
 from memsearcher.retrieval.base import Retriever
 from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers, unless_gone
 from memsearcher.text import sanitize_text
-from memsearcher.types import QAExample, Trajectory
+from memsearcher.types import QAExample, Trajectory, Turn
 from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 except ImportError as error:  # pragma: no cover - retrieval.server already says how
     raise MemSearcherError(
@@ -78,6 +92,9 @@ class AnswerRequest(BaseModel):
         None, ge=1, le=AgentConfig.max_top_n, description="Passages per search"
     )
     include_tokens: StrictBool = Field(False, description="Also return the token sequences.")
+    stream: StrictBool = Field(
+        False, description="Newline-delimited JSON: an event a turn, then the result."
+    )
 
 
 class ChatMessage(BaseModel):
@@ -86,14 +103,36 @@ class ChatMessage(BaseModel):
     content: StrictStr | None = None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
     model: StrictStr | None = None
     stream: StrictBool = False
+    stream_options: StreamOptions | None = None
 
 
-class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]]):
+OnTurn = Callable[[Turn], None]
+
+
+@dataclass
+class Question:
+    """A question waiting for the lockstep worker."""
+
+    example: QAExample
+    config: AgentConfig
+    future: asyncio.Future[Trajectory]
+    on_turn: OnTurn | None
+    reported: int = 0
+    """Turns told to ``on_turn``: a batch that fails is run again, one question at a time,
+    and the turns it told are not told twice."""
+
+
+class AgentService(QueueWorker[Question]):
     """Answers questions in batches on one worker thread."""
 
     def __init__(
@@ -111,16 +150,31 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
         self.agent_config, self.sampling, self.config = agent_config, sampling, config
         self.templates = templates
 
-    async def answer(self, question: str, agent_config: AgentConfig) -> Trajectory:
-        with self.admit():
-            example = QAExample(id=uuid.uuid4().hex, question=question, golden_answers=())
-            if is_async(self.llm):
-                return await self._answer_alone(example, agent_config)
-            future: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
-            await self.queue.put((example, agent_config, future))
-            return await future
+    def answer(
+        self, question: str, agent_config: AgentConfig, on_turn: OnTurn | None = None
+    ) -> asyncio.Task[Trajectory]:
+        """Start answering ``question``: :class:`Busy` at once if the server is full, else the
+        task, which holds the question's place until it ends, however it ends (cancel it to
+        drop the question). ``on_turn(turn)`` runs on the event loop as each turn closes."""
+        places = contextlib.ExitStack()
+        places.enter_context(self.admit())
+        example = QAExample(id=uuid.uuid4().hex, question=question, golden_answers=())
+        task = asyncio.ensure_future(self._answer(example, agent_config, on_turn))
+        task.add_done_callback(lambda _: places.close())
+        return task
 
-    async def _answer_alone(self, example: QAExample, agent_config: AgentConfig) -> Trajectory:
+    async def _answer(
+        self, example: QAExample, agent_config: AgentConfig, on_turn: OnTurn | None
+    ) -> Trajectory:
+        if is_async(self.llm):
+            return await self._answer_alone(example, agent_config, on_turn)
+        future: asyncio.Future[Trajectory] = asyncio.get_running_loop().create_future()
+        await self.queue.put(Question(example, agent_config, future, on_turn))
+        return await future
+
+    async def _answer_alone(
+        self, example: QAExample, agent_config: AgentConfig, on_turn: OnTurn | None
+    ) -> Trajectory:
         """An HTTP model batches on its server: each question runs as its own task."""
         from memsearcher.agent.async_driver import run_async
 
@@ -128,19 +182,34 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
             self.agent, [example], self.llm.tokenizer, agent_config, self.templates,
             self.llm.max_context_tokens,
         )  # fmt: skip
-        llm: Any = self.llm  # an AsyncLLM (checked by answer)
-        (trajectory,) = await run_async([episode], llm, self.retriever, self.sampling)
+        llm: Any = self.llm  # an AsyncLLM (checked by _answer)
+        report = None if on_turn is None else (lambda _, turn: on_turn(turn))
+        (trajectory,) = await run_async(
+            [episode], llm, self.retriever, self.sampling, on_turn=report
+        )
         return trajectory
 
-    def _answer_batch(self, items: list[tuple[QAExample, AgentConfig]]) -> list[Trajectory]:
+    def _answer_batch(
+        self, loop: asyncio.AbstractEventLoop, questions: list[Question]
+    ) -> list[Trajectory]:
+        """One lockstep batch, on the worker thread."""
         episodes = [
             start_episodes(
-                self.agent, [example], self.llm.tokenizer, config, self.templates,
+                self.agent, [q.example], self.llm.tokenizer, q.config, self.templates,
                 self.llm.max_context_tokens,
             )[0]
-            for example, config in items
+            for q in questions
         ]  # fmt: skip
-        return run_lockstep(episodes, self.llm, self.retriever, self.sampling)
+
+        def on_turn(i: int, turn: Turn) -> None:
+            question, episode = questions[i], episodes[i]
+            if question.future.done() and not episode.done:  # dropped: its client hung up
+                episode.end("cancelled", "the client hung up")
+            elif question.on_turn is not None and turn.index >= question.reported:
+                loop.call_soon_threadsafe(question.on_turn, turn)
+                question.reported = turn.index + 1
+
+        return run_lockstep(episodes, self.llm, self.retriever, self.sampling, on_turn)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -148,28 +217,14 @@ class AgentService(QueueWorker[tuple[QAExample, AgentConfig, asyncio.Future[Traj
             batch = [await self.queue.get()]
             while len(batch) < self.config.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
-            live = [item for item in batch if not item[2].done()]
-            await self.run_apart(live, partial(self._answer, loop), itemgetter(2))
+            live = [q for q in batch if not q.future.done()]
+            await self.run_apart(live, partial(self._run_batch, loop), attrgetter("future"))
 
-    async def _answer(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        items: list[tuple[QAExample, AgentConfig, asyncio.Future[Trajectory]]],
-    ) -> None:
-        results = await loop.run_in_executor(
-            self.executor, self._answer_batch, [(e, c) for e, c, _ in items]
-        )
-        for (_, _, future), trajectory in zip(items, results, strict=True):
-            if not future.done():
-                future.set_result(trajectory)
-
-
-def _trajectory_body(trajectory: Trajectory, include_tokens: bool) -> dict[str, Any]:
-    data = trajectory.to_dict()
-    if not include_tokens:
-        data.pop("sequences", None)
-    data["example"].pop("golden_answers", None)
-    return data
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, questions: list[Question]) -> None:
+        results = await loop.run_in_executor(self.executor, self._answer_batch, loop, questions)
+        for question, trajectory in zip(questions, results, strict=True):
+            if not question.future.done():
+                question.future.set_result(trajectory)
 
 
 def create_app(
@@ -217,35 +272,43 @@ def create_app(
             changes["top_n"] = top_n
         return replace(service.agent_config, **changes)
 
+    def events(http: fastapi.Request, question: str, settings: AgentConfig) -> AsyncIterator[Event]:
+        """The question's turns as they close, then its trajectory; :class:`Busy` at once (a 503,
+        before the stream starts) if the server is full."""
+        turns: asyncio.Queue[Turn | asyncio.Task[Trajectory]] = asyncio.Queue()
+        work = service.answer(question, settings, turns.put_nowait)
+        work.add_done_callback(turns.put_nowait)
+        return follow(http, work, turns)
+
     @app.post("/v1/answer", summary="Answer a question with the agent")
     async def answer(request: AnswerRequest, http: fastapi.Request) -> Any:
         question = check_question(request.question)
-        work = service.answer(question, agent_config(request.max_turns, request.top_n))
-        trajectory = await unless_gone(http, work)
-        return JSONResponse(
-            {
-                "answer": trajectory.answer,
-                "end_reason": trajectory.end_reason,
-                "error": trajectory.error,
-                "turns": len(trajectory.turns),
-                "searches": trajectory.num_searches,
-                "trajectory": _trajectory_body(trajectory, request.include_tokens),
-            }
-        )
+        settings = agent_config(request.max_turns, request.top_n)
+        if request.stream:
+            lines = answer_lines(events(http, question, settings), request.include_tokens)
+            return StreamingResponse(lines, media_type="application/x-ndjson")
+        trajectory = await unless_gone(http, service.answer(question, settings))
+        return JSONResponse(answer_body(trajectory, request.include_tokens))
 
     @app.post("/v1/chat/completions", summary="OpenAI-style: the last user message is asked")
     async def chat(request: ChatRequest, http: fastapi.Request) -> Any:
-        if request.stream:
-            raise fastapi.HTTPException(400, "streaming is not supported; set stream to false")
+        if request.stream_options is not None and not request.stream:
+            raise fastapi.HTTPException(422, "stream_options is only allowed when stream is true")
         if len(request.messages) > config.max_messages:
             raise fastapi.HTTPException(422, f"at most {config.max_messages} messages")
         users = [m.content for m in request.messages if m.role == "user" and m.content]
         if not users:
             raise fastapi.HTTPException(422, "no user message with text content")
-        work = service.answer(check_question(users[-1]), service.agent_config)
-        trajectory = await unless_gone(http, work)
-        prompt_tokens = sum(t.prompt_tokens for t in trajectory.turns)
-        completion_tokens = sum(t.generated_tokens for t in trajectory.turns)
+        question = check_question(users[-1])
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            chunks = chat_chunks(
+                events(http, question, service.agent_config), model_name, include_usage
+            )
+            return StreamingResponse(
+                chunks, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
+        trajectory = await unless_gone(http, service.answer(question, service.agent_config))
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -256,20 +319,11 @@ def create_app(
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": trajectory.answer or ""},
-                        "finish_reason": "stop" if trajectory.answer is not None else "length",
+                        "finish_reason": finish_reason(trajectory),
                     }
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-                "memsearcher": {
-                    "end_reason": trajectory.end_reason,
-                    "error": trajectory.error,
-                    "turns": len(trajectory.turns),
-                    "searches": trajectory.num_searches,
-                },
+                "usage": usage(trajectory),
+                "memsearcher": summary(trajectory),
             }
         )
 
