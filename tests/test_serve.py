@@ -1,16 +1,20 @@
 """The agent API, started by the CLI (`memsearcher serve`) on 127.0.0.1 with the embedded model
 and BM25 index: answers with trajectories, 4xx JSON for bad requests (each followed by a good
-request, to show the server still answers), a fuzz test, and the bound on pending questions."""
+request, to show the server still answers), a fuzz test, the bound on pending questions, and
+both streamed forms (read with the official ``openai`` client for chat completions)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from _servers import free_port, running
 from hypothesis import HealthCheck, given, settings
@@ -91,9 +95,15 @@ def test_chat_completions(http: httpx.Client) -> None:
         ("/v1/chat/completions", {"messages": []}, 422),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "q"}], "stream": True},
-            400,
+            {"messages": [{"role": "user", "content": "q"}], "stream_options": {}},
+            422,
+        ),  # stream_options without stream
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "q"}], "stream": "yes"},
+            422,
         ),  # fmt: skip
+        ("/v1/answer", {"question": "q?", "stream": 1}, 422),
         ("/v1/chat/completions", {"messages": [{"role": "system", "content": "q"}]}, 422),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "q"}]}, 422),
     ],
@@ -151,3 +161,95 @@ def test_pending_questions_are_bounded(server: str, http: httpx.Client) -> None:
     assert statuses.count(503) >= 1 and statuses.count(200) >= 1
     assert set(statuses) <= {200, 503}
     assert http.post("/v1/answer", json={"question": "Who?", "max_turns": 1}).status_code == 200
+
+
+# -- streaming ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Budgets the embedded model answers in (a search, a memory, then the answer), and one
+    question at a time: a stream lasts long enough for its client to leave mid-way."""
+    port = free_port()
+    command = [sys.executable, "-m", "memsearcher.cli", "serve", "--port", str(port)]
+    command += ["--max-turns", "2", "--max-new-tokens", "64", "--memory-tokens", "48"]
+    command += ["--max-pending", str(MAX_PENDING), "--max-batch", "1", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path_factory.mktemp("serve") / "roomy.log"
+    url = f"http://127.0.0.1:{port}"
+    with running(command, f"{url}/health", log, env):
+        yield url
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    # no retries: a 503 must reach the test, not be retried away
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def test_chat_stream_assembles_the_plain_answer(roomy_server: str) -> None:
+    client = openai_client(roomy_server)
+    messages: Any = [{"role": "user", "content": "Who painted The Starry Night?"}]
+    plain = client.chat.completions.create(model="memsearcher", messages=messages)
+    stream = client.chat.completions.create(
+        model="memsearcher", messages=messages, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    *with_choices, last = chunks
+    assert last.choices == [] and last.usage == plain.usage  # greedy: the same trajectory
+    assert all(c.usage is None and len(c.choices) == 1 for c in with_choices)
+    deltas = [c.choices[0].delta for c in with_choices]
+    assert deltas[0].role == "assistant" and not deltas[0].content
+    finish = [c.choices[0].finish_reason for c in with_choices]
+    assert finish[-1] == plain.choices[0].finish_reason == "stop" and not any(finish[:-1])
+    reasoning = [(d.model_extra or {}).get("reasoning_content") for d in deltas]
+    thinking = [i for i, text in enumerate(reasoning) if text]
+    answer = [i for i, d in enumerate(deltas) if d.content]
+    assert "".join(deltas[i].content or "" for i in answer) == plain.choices[0].message.content
+    # a reasoning delta a turn, every one before the answer
+    assert len(thinking) == (plain.model_extra or {})["memsearcher"]["turns"] >= 1
+    assert answer and max(thinking) < min(answer)
+    assert reasoning[thinking[0]].startswith("Turn 1 (context ")
+
+
+def test_answer_stream_ends_with_the_plain_result(http: httpx.Client) -> None:
+    question = {"question": "Who wrote Hamlet?", "max_turns": 2}
+    plain = http.post("/v1/answer", json=question).json()
+    with http.stream("POST", "/v1/answer", json={**question, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        events = [json.loads(line) for line in response.iter_lines() if line]
+    *turns, result = events
+    for body in (plain, result["result"]):
+        body["trajectory"]["example"].pop("id")  # a fresh id a request
+    assert result == {"event": "result", "result": plain}
+    assert [e["event"] for e in turns] == ["turn"] * plain["turns"]
+    assert [e["turn"] for e in turns] == plain["trajectory"]["turns"]
+
+
+def pending(url: str) -> int:
+    return int(httpx.get(f"{url}/health", timeout=30).json()["pending"])
+
+
+def test_clients_that_hang_up_mid_stream_free_their_places(roomy_server: str) -> None:
+    client = openai_client(roomy_server)
+    messages: Any = [{"role": "user", "content": "Who painted The Starry Night?"}]
+    streams = [
+        client.chat.completions.create(model="memsearcher", messages=messages, stream=True)
+        for _ in range(MAX_PENDING)
+    ]
+    for stream in streams:
+        assert next(iter(stream)).choices[0].delta.role == "assistant"
+    assert pending(roomy_server) == MAX_PENDING  # one on the model, one waiting for it
+    # a full server says so before any stream starts
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="memsearcher", messages=messages, stream=True)
+    assert refused.value.status_code == 503 and "detail" in refused.value.response.json()
+    for stream in streams:
+        stream.close()
+    deadline = time.monotonic() + 5
+    while pending(roomy_server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pending(roomy_server) == 0
