@@ -69,6 +69,19 @@ def test_seeded_sampling_is_reproducible(llm: HFModel) -> None:
     assert other != first
 
 
+def test_chunks_of_one_call_draw_from_streams_of_their_own(
+    llm: HFModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four identical prompts in chunks of two: each chunk used to restart the call's seed, so
+    row 2 repeated row 0 and row 3 row 1."""
+    monkeypatch.setattr(llm, "batch_size", 2)
+    prompts = [chat(llm, "Tell me a fact.")] * 4
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    rows = [c.token_ids for c in llm.generate(prompts, params)]
+    assert rows[0] != rows[2] and rows[1] != rows[3]
+    assert [c.token_ids for c in llm.generate(prompts, params)] == rows  # still seeded
+
+
 def test_empty_prompt_is_refused(llm: HFModel) -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         llm.generate([[]], SamplingParams(max_new_tokens=2))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.llm.base import Completion, SamplingParams
+from memsearcher.llm.base import Completion, SamplingParams, derive_seed
 from memsearcher.llm.decode import decode
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ class HFModel:
     """An `LLM` over a transformers causal LM, on CPU or one GPU.
 
     Prompts are sorted by length and generated in chunks of ``batch_size`` so that left padding
-    stays small; results come back in the caller's order.
+    stays small; results come back in the caller's order. With a seed, the first chunk draws
+    from it and chunk k from ``derive_seed(seed, k)``.
     """
 
     def __init__(
@@ -212,9 +214,13 @@ class HFModel:
             torch.manual_seed(params.seed)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Completion | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.batch_size):
+        for number, start in enumerate(range(0, len(order), self.batch_size)):
             chunk = order[start : start + self.batch_size]
-            completions = self._generate_batch([prompts[i] for i in chunk], params)
+            seed = params.seed
+            if seed is not None and number > 0:  # restarting the call's seed repeats chunk 0
+                seed = derive_seed(seed, number)
+            batch = [prompts[i] for i in chunk]
+            completions = self._generate_batch(batch, replace(params, seed=seed))
             for i, completion in zip(chunk, completions, strict=True):
                 results[i] = completion
         return [c for c in results if c is not None]
