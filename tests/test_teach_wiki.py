@@ -21,7 +21,14 @@ from memsearcher.retrieval.embedded import embedded_passages
 from memsearcher.teach.config import ProtocolDataConfig
 from memsearcher.teach.oracle import TeacherFlaws
 from memsearcher.teach.protocol_data import answerable, flaw_rates, wiki_splits
-from memsearcher.teach.wiki import WikiQuestion, entity_split, wiki_oracle, wiki_questions
+from memsearcher.teach.wiki import (
+    PRONOUNS,
+    WikiQuestion,
+    entity_split,
+    wiki_facts,
+    wiki_oracle,
+    wiki_questions,
+)
 
 ROOT = Path(__file__).parents[1]
 HELDOUT = ROOT / "benchmarks" / "data" / "embedded-wiki-questions.jsonl"
@@ -135,3 +142,14 @@ def _teach(agent, questions, flaws, tokenizer, retriever):  # type: ignore[no-un
     examples = [q.to_example() for q in questions]
     episodes = start_episodes(agent, examples, tokenizer, TEACHER)
     return run_lockstep(episodes, llm, retriever, SamplingParams())
+
+
+def test_a_pronoun_is_never_an_answer(passages: list[tuple[str, str]]) -> None:
+    """ "It is the capital and largest city of Catalonia." (Barcelona's passage) once gave an
+    its_capital fact whose answer was "It", and with it the test question "What is the capital
+    of the country or region where Antoni Gaudí is?" -> "It"."""
+    sentence = "It is the capital and largest city of the autonomous community of Catalonia."
+    facts = wiki_facts([("Barcelona", f"Barcelona is a city in Spain. {sentence}")])
+    assert [fact.kind for fact in facts] == ["located_in"]
+    answers = {fact.answer for fact in wiki_facts(passages)}
+    assert not answers & PRONOUNS

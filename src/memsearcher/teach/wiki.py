@@ -91,6 +91,9 @@ class WikiFact:
 
 
 _ANSWER_NAME = _NAME.replace("(", "(?P<answer>", 1)
+PRONOUNS = frozenset({"It", "He", "She", "They", "This", "These", "That", "Those", "There"})
+"""Capitalized words a name pattern matches at a sentence's start that name nothing:
+"It is the capital and largest city of Catalonia." is no answer to "What is its capital?"."""
 
 # (kind, pattern over one sentence that names the entity); the group "answer" is the answer,
 # copied as it is written, and the group "verb" (made_by) or "work" its verb.
@@ -288,7 +291,9 @@ def wiki_facts(passages: Sequence[tuple[str, str]]) -> list[WikiFact]:
                 answer = match.group("answer").strip().rstrip(".,")
                 groups = match.groupdict()
                 verb = groups.get("verb") or _WORKS.get(groups.get("work") or "", "")
-                if answer in entity or entity in answer or _NOT_PLACE.fullmatch(answer):
+                if answer in entity or entity in answer or answer in PRONOUNS:
+                    continue
+                if _NOT_PLACE.fullmatch(answer):
                     continue
                 if kind == "made_by" and re.fullmatch(_DEMONYMS, answer):
                     continue
