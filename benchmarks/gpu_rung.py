@@ -72,6 +72,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                num_attention_heads=16, num_key_value_heads=2, vocab_size=151936),
 }  # fmt: skip
+DEFAULTS = {"tiny": (2, 2, 32), "1.5b": (8, 5, 512), "3b": (8, 5, 512)}
+"""Questions per step, G and new tokens per generation when not given: the paper's G and
+budget on a GPU (40 rollouts a step), a few seconds a step on a CPU for the tiny shape."""
 H200_BF16_TFLOPS = 989.0
 """NVIDIA's dense (no sparsity) bf16 peak of the H200 SXM."""
 
@@ -254,9 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                         help="compute (autocast) dtype; auto: bfloat16 on CUDA, float32 on a "
                         "CPU (as the trainer's model.autocast); weights stay float32")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=8, help="questions per step")
-    parser.add_argument("--group", type=int, default=5, help="trajectories per question (G)")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="per generation")
+    parser.add_argument("--batch", type=int, help="questions per step (default: by shape)")
+    parser.add_argument("--group", type=int, help="trajectories per question, G (by shape)")
+    parser.add_argument("--max-new-tokens", type=int, help="per generation (by shape)")
     parser.add_argument("--budget", type=int, default=16384, help="padded tokens per pass")
     parser.add_argument("--repeats", type=int, default=2, help="of the learner layouts' passes")
     peak_help = f"bf16 peak for MFU; unset: {H200_BF16_TFLOPS} (H200) on CUDA, n/a on a CPU"
@@ -264,6 +267,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
     args = parser.parse_args(argv)
+    for key, value in zip(("batch", "group", "max_new_tokens"), DEFAULTS[args.shape], strict=True):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dtype == "auto":
