@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_model import save_thinking_model
 
+from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.embedded import embedded_model_path, packaged_gguf
 from memsearcher.llm.hf import HFModel
+from memsearcher.llm.options import add_model_arguments, open_llm
+from memsearcher.rl.config import GRPOConfig, load_config
+from memsearcher.rl.setup import set_up
 
 
 def chat(llm: HFModel, text: str) -> list[int]:
@@ -170,3 +179,52 @@ def test_backends_are_one_registry_that_the_cli_and_the_error_read() -> None:
     assert list(backend.choices or ()) == sorted(BACKENDS) == ["hf", "openai", "vllm"]
     with pytest.raises(MemSearcherError, match=r"choose one of \['hf', 'openai', 'vllm'\]"):
         load_llm("embedded", backend="tgi")
+
+
+NO_THINKING = {"enable_thinking": False}
+QUESTION = [{"role": "user", "content": "Which city has the Seine?"}]
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
+    """Qwen3's ``enable_thinking=False`` through our backend, the CLI's model flags and the
+    trainer's ``model.chat_template_kwargs``: the prompt ends in an empty think, and without
+    the kwarg it does not."""
+    folder = save_thinking_model(tmp_path / "model")
+    plain = HFModel.from_pretrained(str(folder), device="cpu").tokenizer
+    assert plain.render_chat(QUESTION, True).endswith("<|im_start|>assistant\n")
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    flags = ["--model", str(folder), "--device", "cpu", "--chat-template-kwargs"]
+    from_cli = open_llm(parser.parse_args([*flags, json.dumps(NO_THINKING)])).tokenizer
+    config = load_config(
+        GRPOConfig, None,
+        [f"data={write_questions(tmp_path)}", f"output_dir={tmp_path / 'run'}",
+         f"model.path={folder}", "model.device=cpu", "tensorboard=false",
+         "model.chat_template_kwargs={enable_thinking: false}"],
+    )  # fmt: skip
+    assert config.model.chat_template_kwargs == NO_THINKING
+    from_trainer = set_up(config, resume=False, echo=None, needs_ref=False).llm.tokenizer
+    for tokenizer in (
+        HFModel.from_pretrained(str(folder), device="cpu", chat_template_kwargs=NO_THINKING)
+        .tokenizer, from_cli, from_trainer,
+    ):  # fmt: skip
+        text = tokenizer.render_chat(QUESTION, True)
+        assert text == plain.render_chat(QUESTION, True) + "<think>\n\n</think>\n\n"
+        assert tokenizer.decode(tokenizer.encode_chat(QUESTION, True)) == text
+
+
+def test_chat_template_kwargs_must_be_a_mapping() -> None:
+    with pytest.raises(MemSearcherError, match="model.chat_template_kwargs must be a mapping"):
+        load_config(GRPOConfig, None, ["model.chat_template_kwargs=true"])
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--chat-template-kwargs", "[1]"])
+
+
+def write_questions(folder: Path) -> Path:
+    path = folder / "questions.jsonl"
+    line = {"id": "q0", "question": "Which city has the Seine?", "golden_answers": ["Paris"]}
+    path.write_text(json.dumps(line) + "\n")
+    return path

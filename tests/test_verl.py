@@ -42,7 +42,7 @@ from _policies import search_once_then_answer  # noqa: E402
 from _servers import free_port, running  # noqa: E402
 from _verl_server import HFReplica, LocalServerClient, MemoryTQ  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
-from tiny_model import save_tiny_model  # noqa: E402
+from tiny_model import save_thinking_model, save_tiny_model  # noqa: E402
 
 from memsearcher.agent import AGENTS, AgentConfig, Templates, run_lockstep, start_episodes  # noqa: E402
 from memsearcher.cli import main as cli  # noqa: E402
@@ -340,6 +340,30 @@ def test_group_advantages_reach_every_turn_row(
                 assert (row["advantages"][~mask] == 0).all()
                 masked += int((~mask).sum())
     assert nonzero and multi_row and masked, (nonzero, multi_row, masked)
+
+
+@pytest.mark.slow
+def test_apply_chat_template_kwargs_reach_the_rows(store: MemoryTQ, tmp_path: Path) -> None:
+    """veRL's ``data.apply_chat_template_kwargs`` render every turn's prompt, as veRL's own
+    loops render theirs: with Qwen3's ``enable_thinking=False`` each row's prompt ends in the
+    empty think that the template writes, and without it no row's does."""
+    model = save_thinking_model(tmp_path / "model")
+    llm = HFModel.from_pretrained(str(model), device="cpu")
+    loops = agent_loops(tmp_path, write_templates(tmp_path), retriever=None)
+    parquet = prepare(tmp_path, "memsearcher")
+    endings = {}
+    for kwargs in ((), ("+data.apply_chat_template_kwargs.enable_thinking=false",)):
+        store.rows.clear()
+        config = verl_config(model, loops, "actor_rollout_ref.rollout.n=1", *kwargs)
+        rollout(config, llm, parquet)
+        assert len(store.rows) >= len(QUESTIONS)
+        endings[kwargs] = {
+            llm.tokenizer.decode(row["prompts"].tolist()).endswith(
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+            )
+            for row in store.rows.values()
+        }
+    assert list(endings.values()) == [{False}, {True}]
 
 
 @pytest.mark.parametrize(

@@ -37,3 +37,23 @@ def save_tiny_model(folder: Path, seed: int = 0, hidden: int = 64, layers: int =
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+"""Qwen3's switch in ChatML: ``enable_thinking=False`` opens the answer with an empty think."""
+
+
+def save_thinking_model(folder: Path) -> Path:
+    """`save_tiny_model` whose chat template reads ``enable_thinking``, as Qwen3's does."""
+    from transformers import AutoTokenizer
+
+    save_tiny_model(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -115,6 +115,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, key)
+    if origin is dict and not isinstance(value, dict):
+        raise MemSearcherError(f"{key} must be a mapping, got {value!r}")
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise MemSearcherError(f"{key} must be a list, got {value!r}")

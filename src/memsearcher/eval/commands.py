@@ -112,6 +112,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     }
     if args.objectives is not None:  # absent otherwise, so earlier runs still resume
         info.update(objectives=args.objectives, compose_seed=args.compose_seed)
+    if args.chat_template_kwargs:  # the same
+        info["chat_template_kwargs"] = args.chat_template_kwargs
     summary = run_eval(
         datasets, llm, retriever, config, args.out, templates, info, not args.no_progress
     )

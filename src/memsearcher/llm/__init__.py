@@ -23,7 +23,12 @@ __all__ = [
 def _hf(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
     from memsearcher.llm.hf import HFModel
 
-    return HFModel.from_pretrained(path, device=device, batch_size=batch_size)
+    return HFModel.from_pretrained(
+        path,
+        device=device,
+        batch_size=batch_size,
+        chat_template_kwargs=options.get("chat_template_kwargs"),
+    )
 
 
 def _openai(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
@@ -33,7 +38,7 @@ def _openai(path: str, device: str, batch_size: int, options: dict[str, Any]) ->
         raise MemSearcherError("--backend openai needs --base-url (the server's /v1 URL)")
     return OpenAIHTTPModel(
         options["base_url"],
-        load_tokenizer(options.get("tokenizer") or path),
+        load_tokenizer(options.get("tokenizer") or path, options.get("chat_template_kwargs")),
         model=options.get("served_model"),
         api=options.get("api", "auto"),
         concurrency=options.get("concurrency", 64),
@@ -44,7 +49,11 @@ def _openai(path: str, device: str, batch_size: int, options: dict[str, Any]) ->
 def _vllm(path: str, device: str, batch_size: int, options: dict[str, Any]) -> LLM:
     from memsearcher.llm.vllm import VLLMModel
 
-    return VLLMModel.from_pretrained(path, gpu_memory=options.get("gpu_memory", 0.85))
+    return VLLMModel.from_pretrained(
+        path,
+        gpu_memory=options.get("gpu_memory", 0.85),
+        chat_template_kwargs=options.get("chat_template_kwargs"),
+    )
 
 
 BACKENDS: dict[str, Callable[[str, str, int, dict[str, Any]], LLM]] = {
@@ -67,7 +76,8 @@ def load_llm(
 
     ``backend`` is a key of `BACKENDS`: ``hf`` (transformers, in process), ``openai`` (an
     OpenAI-compatible server at ``base_url``; ``spec`` or ``tokenizer`` names the local
-    tokenizer) or ``vllm``.
+    tokenizer) or ``vllm``. ``chat_template_kwargs`` (an option of every backend) go to the
+    tokenizer's chat template, e.g. ``{"enable_thinking": False}`` for Qwen3.
     """
     from memsearcher.llm.embedded import resolve_model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,12 +27,23 @@ Part = tuple[str, int | None]
 
 
 class HFTokenizer:
-    """A transformers tokenizer seen through the `Tokenizer` protocol."""
+    """A transformers tokenizer seen through the `Tokenizer` protocol.
 
-    def __init__(self, tokenizer: Any, extra_eos_ids: Sequence[int] = ()) -> None:
+    ``chat_template_kwargs`` go to every ``apply_chat_template`` call, as veRL's
+    ``data.apply_chat_template_kwargs`` do: variables the template reads, such as Qwen3's
+    ``enable_thinking``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        extra_eos_ids: Sequence[int] = (),
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if tokenizer.chat_template is None:
             raise MemSearcherError("the tokenizer has no chat template; use an instruct model")
         self.hf = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         ids = {tokenizer.eos_token_id, *extra_eos_ids} - {None}
         self._eos_token_ids = frozenset(int(i) for i in ids)
         added = getattr(tokenizer, "added_tokens_decoder", {})
@@ -60,7 +71,10 @@ class HFTokenizer:
     def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
         return str(
             self.hf.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.chat_template_kwargs,
             )
         )
 
@@ -158,12 +172,17 @@ class HFModel:
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, batch_size: int = 32, share_prefix: bool = False
+        self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 32,
+        share_prefix: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
         extra_eos = model.generation_config.eos_token_id
         extra_eos = [extra_eos] if isinstance(extra_eos, int) else list(extra_eos or [])
-        self._tokenizer = HFTokenizer(tokenizer, extra_eos)
+        self._tokenizer = HFTokenizer(tokenizer, extra_eos, chat_template_kwargs)
         self.batch_size = batch_size
         self.share_prefix = share_prefix
         """Compute the prompt prefix a batch shares once (`memsearcher.llm.decode`)."""
@@ -176,6 +195,7 @@ class HFModel:
         dtype: str = "auto",
         batch_size: int = 32,
         share_prefix: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> HFModel:
         """Load an HF folder or hub id (hub ids need network access, which tests never have)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -193,7 +213,7 @@ class HFModel:
             raise MemSearcherError(f"cannot load model {name_or_path!r}: {error}") from error
         model.to(target)  # type: ignore[arg-type]  # transformers wraps .to for PreTrainedModel
         model.eval()
-        return cls(model, tokenizer, batch_size=batch_size, share_prefix=share_prefix)
+        return cls(model, tokenizer, batch_size, share_prefix, chat_template_kwargs)
 
     @property
     def tokenizer(self) -> HFTokenizer:

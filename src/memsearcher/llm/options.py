@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from memsearcher.llm import BACKENDS, load_llm
@@ -36,6 +37,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="openai backend: the server's context length, where /v1/models does not say",
     )
+    group.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="variables for the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3",
+    )
     group.add_argument("--device", default="auto")
     group.add_argument("--batch-size", type=int, default=16, help="prompts per forward (hf)")
     group.add_argument("--gpu-memory", type=float, default=0.85, help="vllm memory fraction")
@@ -55,4 +63,15 @@ def open_llm(args: argparse.Namespace) -> Any:
         gpu_memory=args.gpu_memory,
         concurrency=getattr(args, "concurrency", 64),
         max_context_tokens=args.max_context,
+        chat_template_kwargs=args.chat_template_kwargs,
     )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value

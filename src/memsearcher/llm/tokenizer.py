@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Tokenizer
 
 __all__ = ["load_tokenizer"]
 
 
-def load_tokenizer(path: str) -> Tokenizer:
-    """A model folder's tokenizer, with the EOS ids of its generation config."""
+def load_tokenizer(path: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> Tokenizer:
+    """A model folder's tokenizer, with the EOS ids of its generation config;
+    ``chat_template_kwargs`` go to its chat template (`HFTokenizer`)."""
     from transformers import AutoTokenizer, GenerationConfig
 
     from memsearcher.llm.hf import HFTokenizer
@@ -23,4 +27,4 @@ def load_tokenizer(path: str) -> Tokenizer:
     except OSError:
         eos = None
     extra = [eos] if isinstance(eos, int) else list(eos or [])
-    return HFTokenizer(tokenizer, extra)
+    return HFTokenizer(tokenizer, extra, chat_template_kwargs)

@@ -10,7 +10,7 @@ Sampling is plain (`memsearcher.llm.base.NEUTRAL_PROCESSORS`), as in every backe
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memsearcher.errors import MemSearcherError
@@ -52,6 +52,7 @@ class VLLMModel:
         dtype: str = "auto",
         max_model_len: int | None = None,
         seed: int = 0,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **engine_options: Any,
     ) -> VLLMModel:
         """Start a vLLM engine on ``path`` (an HF folder or hub id)."""
@@ -67,7 +68,7 @@ class VLLMModel:
             enable_prefix_caching=True,  # every turn of a group shares the system prompt
             **engine_options,
         )
-        return cls(engine, load_tokenizer(path))
+        return cls(engine, load_tokenizer(path, chat_template_kwargs))
 
     @property
     def tokenizer(self) -> Tokenizer:

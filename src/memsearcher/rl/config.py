@@ -9,6 +9,7 @@ is built, so ``--print-config`` catches them, and named by their dotted key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from memsearcher.agent.base import AgentConfig
 from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
@@ -67,6 +68,9 @@ class ModelConfig:
     """Prompts per batched generate call of the in-process backend."""
     distributed: str = "ddp"
     """How several ranks hold the model: ddp (a full replica each) or fsdp (sharded, GPUs)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Variables for the tokenizer's chat template, e.g. ``{enable_thinking: false}`` for
+    Qwen3 (veRL's ``data.apply_chat_template_kwargs``)."""
 
     def __post_init__(self) -> None:
         _check_model(self)

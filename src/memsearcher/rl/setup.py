@@ -96,7 +96,10 @@ def set_up(
     # free by switching its adapters off.
     lora = hasattr(model, "disable_adapter")
     reference = frozen_copy(model, precision) if needs_ref and not lora else None
-    llm = HFModel(model, tokenizer, config.model.rollout_batch_size, config.share_prefix)
+    llm = HFModel(
+        model, tokenizer, config.model.rollout_batch_size, config.share_prefix,
+        config.model.chat_template_kwargs,
+    )  # fmt: skip
     learner = wrap_for_training(model, runtime, config.model.distributed)
     optimizer = make_optimizer(model, config.optim)
     total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)

@@ -62,9 +62,13 @@ def _once(key: Any, make: Callable[[], Any]) -> Any:
     return _PROCESS[key]
 
 
-def _tokenizer(hf_tokenizer: Any, model_path: str) -> HFTokenizer:
+def _tokenizer(
+    hf_tokenizer: Any, model_path: str, chat_template_kwargs: Mapping[str, Any]
+) -> HFTokenizer:
     """The episodes' tokenizer, stopping on the EOS ids vLLM stops on: the tokenizer's and
-    those of the model's ``generation_config.json`` (Qwen2.5 lists two)."""
+    those of the model's ``generation_config.json`` (Qwen2.5 lists two), and rendering chats
+    with veRL's ``data.apply_chat_template_kwargs`` (Qwen3's ``enable_thinking``)."""
+    kwargs = {str(k): v for k, v in chat_template_kwargs.items()}
 
     def make() -> tuple[Any, HFTokenizer]:
         from transformers import GenerationConfig
@@ -77,9 +81,10 @@ def _tokenizer(hf_tokenizer: Any, model_path: str) -> HFTokenizer:
             )
             eos = None
         extra = [eos] if isinstance(eos, int) else list(eos or [])
-        return hf_tokenizer, HFTokenizer(hf_tokenizer, extra)  # the reference pins id()
+        return hf_tokenizer, HFTokenizer(hf_tokenizer, extra, kwargs)  # the reference pins id()
 
-    wrapper: HFTokenizer = _once(("tokenizer", id(hf_tokenizer), model_path), make)[1]
+    key = ("tokenizer", id(hf_tokenizer), model_path, repr(sorted(kwargs.items())))
+    wrapper: HFTokenizer = _once(key, make)[1]
     return wrapper
 
 
@@ -230,7 +235,9 @@ class MemSearcherAgentLoop(AgentLoopBase):
             self.reward = get_reward(reward)
         except ValueError as error:
             raise MemSearcherError(str(error)) from None
-        self.agent_tokenizer = _tokenizer(self.tokenizer, model_path)
+        self.agent_tokenizer = _tokenizer(
+            self.tokenizer, model_path, self.apply_chat_template_kwargs or {}
+        )
         self.max_context = _max_context(self.rollout_config, model_path)
 
     # veRL's base declares one output; its V1 worker (agent_loop_tq.py) also takes a list
