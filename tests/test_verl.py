@@ -374,6 +374,8 @@ def test_apply_chat_template_kwargs_reach_the_rows(store: MemoryTQ, tmp_path: Pa
         ("algorithm.adv_estimator=grpo_vectorized", "N times"),
         ("trainer.use_v1=false", "trainer.use_v1=false"),
         ("algorithm.use_kl_in_reward=true", "use_kl_in_reward"),
+        ("actor_rollout_ref.rollout.name=sglang", "sglang with skip_tokenizer_init=true"),
+        ("actor_rollout_ref.rollout.name=trtllm", "trtllm with skip_tokenizer_init=true"),
     ],
 )
 def test_settings_that_would_mistrain_are_refused(
@@ -382,6 +384,18 @@ def test_settings_that_would_mistrain_are_refused(
     config = verl_config(tmp_path / "model", SHIPPED_LOOPS, override)
     with pytest.raises(MemSearcherError, match=needle):
         check_trainer_config(config)
+
+
+def test_sglang_rollouts_with_a_tokenizer_are_accepted(tmp_path: Path) -> None:
+    """The control of the sglang case above: veRL's default for vLLM, and SGLang told to load
+    its tokenizer (veRL's server passes skip_tokenizer_init on to SGLang's engine)."""
+    check_trainer_config(verl_config(tmp_path / "model", SHIPPED_LOOPS))
+    check_trainer_config(
+        verl_config(
+            tmp_path / "model", SHIPPED_LOOPS, "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.skip_tokenizer_init=false",
+        )
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -485,6 +499,7 @@ def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> N
         0.001,
     )
     assert omega_conf_to_dataclass(rollout).max_model_len == 4096
+    assert rollout.skip_tokenizer_init is False  # SGLang matches our stop strings only so
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.MEMSEARCHER_RETRIEVER == "http://10.0.0.2:8000"
     (entry,) = [e for e in yaml.safe_load(SHIPPED_LOOPS.read_text()) if e["name"] == "memsearcher"]

@@ -7,6 +7,11 @@ trajectory of N turns is N rows). veRL 0.9's V1 trainer handles that only on one
 within the question's group, and gives that advantage to every row of the trajectory: our
 multi-context GRPO. Everything else would train on wrong advantages without any error, so the
 loop and ``python -m memsearcher.integrations.verl.main`` refuse to start instead.
+
+The loop also ends each action at a stop string, which the rollout server matches in decoded
+text. veRL 0.9.1's vLLM server always loads its tokenizer; its SGLang and TensorRT-LLM servers
+pass on ``rollout.skip_tokenizer_init`` (default true: token ids only), and SGLang without a
+tokenizer cannot match a stop string, so they need ``skip_tokenizer_init=false``.
 """
 
 from __future__ import annotations
@@ -58,6 +63,17 @@ def check_trainer_config(config: Any) -> None:
             "only, so the KL penalty of every earlier turn would be dropped from the reward. Use "
             "the KL loss instead (actor_rollout_ref.actor.use_kl_loss=true, kl_loss_type="
             "low_var_kl, as the paper does)."
+        )
+    rollout = str(_get(config, "actor_rollout_ref.rollout.name", "vllm"))
+    if rollout != "vllm" and bool(
+        _get(config, "actor_rollout_ref.rollout.skip_tokenizer_init", True)
+    ):
+        problems.append(
+            f"actor_rollout_ref.rollout.name={rollout} with skip_tokenizer_init=true: veRL 0.9.1 "
+            "then starts the rollout server without a tokenizer (vLLM's server always loads one), "
+            "and SGLang cannot match stop strings without a tokenizer, so our agents' stops "
+            "(</tool_call>, </memory>, </search>) would not end a generation. Set "
+            "actor_rollout_ref.rollout.skip_tokenizer_init=false."
         )
     if problems:
         raise MemSearcherError(
