@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -464,15 +465,12 @@ def test_length_bias_of_verl_loss_aggregation() -> None:
     assert shares["seq-mean-token-sum"] == pytest.approx(9.0)
 
 
-def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> None:
-    """configs/verl/grpo-qwen2.5-3b.yaml composes over veRL's own schema with the launch
-    script's overrides (two nodes), passes the checks veRL's main_ppo runs first, and ours."""
+def paper_preset(tmp_path: Path) -> Any:
+    """configs/verl/grpo-qwen2.5-3b.yaml with the launch script's overrides (two nodes)."""
     from hydra import initialize_config_dir
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     with initialize_config_dir(config_dir=str(ROOT / "configs" / "verl"), version_base=None):
-        config = compose(
+        return compose(
             config_name="grpo-qwen2.5-3b",
             overrides=[
                 f"actor_rollout_ref.model.path={save_tiny_model(tmp_path / 'tiny')}",
@@ -481,6 +479,15 @@ def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> N
                 "+ray_kwargs.ray_init.runtime_env.env_vars.MEMSEARCHER_RETRIEVER=http://10.0.0.2:8000",
             ],
         )
+
+
+def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> None:
+    """The preset composes over veRL's own schema, passes the checks veRL's main_ppo runs
+    first, and ours."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    config = paper_preset(tmp_path)
     validate_config(
         config=config,
         use_reference_policy=need_reference_policy(config),
@@ -489,9 +496,7 @@ def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> N
     assert not need_critic(config)
     check_trainer_config(config)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
-    assert (actor.optim.lr, config.data.train_batch_size, actor.ppo_mini_batch_size) == (
-        1e-6, 256, 128,
-    )  # fmt: skip
+    assert (actor.optim.lr, config.data.train_batch_size) == (1e-6, 256)
     assert (rollout.n, rollout.temperature, rollout.top_p) == (5, 1.0, 0.99)
     assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (
         True,
@@ -504,3 +509,36 @@ def test_paper_preset_passes_verl_validation_and_our_checks(tmp_path: Path) -> N
     assert env.MEMSEARCHER_RETRIEVER == "http://10.0.0.2:8000"
     (entry,) = [e for e in yaml.safe_load(SHIPPED_LOOPS.read_text()) if e["name"] == "memsearcher"]
     assert entry["agent_config"]["max_turns"] == 5  # the paper's 5 turns
+
+
+def test_paper_preset_makes_at_most_the_papers_two_updates_a_step(tmp_path: Path) -> None:
+    """The optimizer updates of one step of the preset, as veRL's V1 trainer makes them: the
+    step's rows padded to ``_get_required_batch_multiple`` (16 ranks on two nodes), cut into
+    the mini-batches ``_update_actor`` asks the actor for. The paper makes 2 (256 questions,
+    mini-batches of 128); one row per turn, so the rows depend on the mean turns."""
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    config = paper_preset(tmp_path)
+    asked: dict[str, Any] = {}
+
+    class ActorGroup:  # stands in for the Ray worker group: records what the actor is asked
+        def update_actor(self, batch: KVBatchMeta) -> dict[str, Any]:
+            asked.update(batch.extra_info)
+            return {"metrics": {"mfu": [0.0]}}
+
+    trainer = PPOTrainerSync.__new__(PPOTrainerSync)  # only what these two methods read
+    trainer.config, trainer.use_critic, trainer.global_steps = config, False, 1
+    trainer.actor_rollout_wg = ActorGroup()
+    trainer._update_actor(KVBatchMeta(keys=[], tags=[], partition_id="train"), {})
+    multiple = trainer._get_required_batch_multiple(dp_size=16)
+    trajectories = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
+    (entry,) = [e for e in yaml.safe_load(SHIPPED_LOOPS.read_text()) if e["name"] == "memsearcher"]
+    max_turns = entry["agent_config"]["max_turns"]
+
+    def updates(mean_turns: float) -> int:
+        padded = math.ceil(trajectories * mean_turns / multiple) * multiple
+        return padded // asked["mini_batch_size"] * asked["epochs"]
+
+    assert updates(max_turns) == updates(3) == updates(2.6) == 2
+    assert updates(2.5) == updates(1) == 1
