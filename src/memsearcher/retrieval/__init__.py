@@ -13,11 +13,14 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import Retriever, SearchRefused
+from memsearcher.retrieval.cache import DEFAULT_CACHE_SIZE, CachedRetriever, with_cache
 from memsearcher.retrieval.corpus import CorpusError, Passage, read_corpus
 from memsearcher.retrieval.embedded import embedded_corpus_path, load_embedded_retriever
 from memsearcher.retrieval.manifest import IndexFolderError, read_manifest
 
 __all__ = [
+    "DEFAULT_CACHE_SIZE",
+    "CachedRetriever",
     "CorpusError",
     "IndexFolderError",
     "Passage",
@@ -28,6 +31,7 @@ __all__ = [
     "load_index",
     "open_retriever",
     "read_corpus",
+    "with_cache",
 ]
 
 
@@ -51,16 +55,18 @@ def load_index(path: str | Path, **options: Any) -> Retriever:
     return retriever
 
 
-def open_retriever(spec: str | None) -> Retriever:
+def open_retriever(spec: str | None, cache_size: int = 0) -> Retriever:
     """``None``: the embedded BM25; an ``http(s)://`` URL: a retrieval server; else an index
-    folder."""
+    folder. ``cache_size`` > 0 puts it behind a :class:`CachedRetriever` of that many answers."""
+    retriever: Retriever
     if spec is None:
-        return load_embedded_retriever()
-    if spec.startswith(("http://", "https://")):
+        retriever = load_embedded_retriever()
+    elif spec.startswith(("http://", "https://")):
         from memsearcher.retrieval.client import HTTPRetriever
 
-        retriever: Retriever = HTTPRetriever(spec)
-        return retriever
-    if not Path(spec).exists():
+        retriever = HTTPRetriever(spec)
+    elif not Path(spec).exists():
         raise MemSearcherError(f"--retriever {spec}: not a URL and no such index folder")
-    return load_index(spec)
+    else:
+        retriever = load_index(spec)
+    return with_cache(retriever, cache_size)

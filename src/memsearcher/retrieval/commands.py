@@ -125,6 +125,10 @@ def add_retriever_command(commands: argparse._SubParsersAction) -> None:
         "--max-pending-queries", type=int, help="queries waiting at once; more get 503 (2048)"
     )
     serve.add_argument("--max-response-bytes", type=int, help="largest answer (default 8 MiB)")
+    serve.add_argument(
+        "--cache-size", type=int,
+        help="answers kept in an LRU, repeated queries searched once (4096; 0: no cache)",
+    )  # fmt: skip
     serve.add_argument("--mmap", action="store_true", help="memory-map the index files")
     serve.add_argument("--ef-search", type=int, default=None, help="override (HNSW)")
     serve.add_argument("--nprobe", type=int, default=None, help="override (IVF)")
@@ -255,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.gpu:
         load["gpu"] = True
     names = ("max_top_n", "max_queries", "max_body_bytes", "max_pending_queries",
-             "max_response_bytes")  # fmt: skip
+             "max_response_bytes", "cache_size")  # fmt: skip
     limits = {k: getattr(args, k) for k in names}
     config = ServerConfig(**{k: v for k, v in limits.items() if v is not None})
     serve(

@@ -32,6 +32,7 @@ from typing import Any
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.cache import DEFAULT_CACHE_SIZE, CachedRetriever, with_cache
 from memsearcher.serving import (
     BodyGuard,
     HostGuard,
@@ -79,12 +80,16 @@ class ServerConfig:
     """Queries waiting or being searched at once; a request that would pass it gets 503."""
     max_response_bytes: int = 8 << 20
     """Largest answer; a request whose answer would be larger gets 422."""
+    cache_size: int = DEFAULT_CACHE_SIZE
+    """Answers kept in an LRU (`memsearcher.retrieval.cache`), and each distinct query of a
+    batch searched once; 0: neither. /health shows its size, hits and misses."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            low = 0 if name == "cache_size" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise MemSearcherError(
-                    f"server setting {name} must be an integer >= 1, got {value!r}"
+                    f"server setting {name} must be an integer >= {low}, got {value!r}"
                 )
         if self.max_pending_queries < self.max_queries:
             raise MemSearcherError(
@@ -177,10 +182,11 @@ def create_app(
     (None: any Host); ``docs`` serves /docs, a page that loads its scripts from a CDN."""
     config = config or ServerConfig()
     info = dict(info or {})
+    searcher = with_cache(retriever, config.cache_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        app.state.batcher = Batcher(retriever, config.max_batch_queries, config.max_pending_queries)
+        app.state.batcher = Batcher(searcher, config.max_batch_queries, config.max_pending_queries)
         app.state.batcher.start()
         yield
         await app.state.batcher.stop()
@@ -259,13 +265,16 @@ def create_app(
     @app.get("/health", summary="Liveness and what is being served")
     async def health() -> Any:
         """Also the index's memory: resident bytes (a passage, and fixed), disk bytes, and for
-        re-ranking indexes the page cache this worker maps of the re-rank file, apart."""
+        re-ranking indexes the page cache this worker maps of the re-rank file, apart; and this
+        worker's answer cache: entries held, capacity, hits and misses."""
         memory = getattr(retriever, "memory", None)
         extra = {"memory": memory()} if callable(memory) else {}
+        cache = searcher.stats() if isinstance(searcher, CachedRetriever) else {"capacity": 0}
         pending = app.state.batcher.pending
         return JSONResponse(
-            {"status": "ok", **info, **extra, "pending": pending, "limits": asdict(config)}
-        )
+            {"status": "ok", **info, **extra, "pending": pending, "cache": cache,
+             "limits": asdict(config)}
+        )  # fmt: skip
 
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
     app.add_middleware(HostGuard, hosts=hosts)  # added last, so it runs first

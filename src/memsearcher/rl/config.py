@@ -14,6 +14,7 @@ from typing import Any
 from memsearcher.agent.base import AgentConfig
 from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
+from memsearcher.retrieval.cache import DEFAULT_CACHE_SIZE
 from memsearcher.rl.schedules import SCHEDULES
 
 __all__ = [
@@ -152,6 +153,9 @@ class GRPOConfig:
     """memsearcher or react."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
+    retriever_cache: int = DEFAULT_CACHE_SIZE
+    """Search answers kept in an LRU, each distinct query of a round searched once (a group's
+    samples often repeat their first query: docs/retrieval.md); 0 disables both."""
     templates: str | None = None
     """A YAML/JSON file overriding the prompt templates."""
     seed: int = 0
@@ -344,6 +348,7 @@ def _check_grpo(config: GRPOConfig) -> None:
     require(config, "steps", config.steps >= 0, ">= 0 (0: one pass over the questions)")
     require(config, "sample_every", config.sample_every >= 0, ">= 0 (0 disables)")
     require(config, "seed", config.seed >= 0, ">= 0")
+    count(config, "retriever_cache", 1 << 24, low=0)
     require(config, "advantage", config.advantage in ADVANTAGES, f"one of {list(ADVANTAGES)}")
     require(config, "entropy_coef", finite(config.entropy_coef) and config.entropy_coef >= 0,
             "a finite number >= 0")  # fmt: skip

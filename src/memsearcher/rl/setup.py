@@ -113,7 +113,7 @@ def set_up(
         questions=questions,
         reward_fn=get_reward(config.reward),
         templates=load_templates(config.templates),
-        retriever=open_retriever(config.retriever),
+        retriever=open_retriever(config.retriever, config.retriever_cache),
         precision=precision,
         model=model,
         tokenizer=tokenizer,
