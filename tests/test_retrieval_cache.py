@@ -125,23 +125,26 @@ def test_server_health_shows_the_cache(index: BM25Index, tmp_path: Any) -> None:
     command = [sys.executable, "-m", "memsearcher.cli", "retriever", "serve"]
     command += ["--index", str(index.folder), "--port", str(port), "--cache-size", "2"]
     url = f"http://127.0.0.1:{port}"
-    with running(command, f"{url}/health", tmp_path / "server.log", env, timeout=60):
-        with httpx.Client(base_url=url, timeout=30) as http:
-            assert http.get("/health").json()["cache"] == {
-                "size": 0, "capacity": 2, "hits": 0, "misses": 0
-            }  # fmt: skip
-            queries = [FIRST, FIRST, LATER[0]]
-            body = http.post("/batch_search", json={"query": queries, "top_n": 3}).json()
-            assert [[d["id"] for d in docs] for docs in body] == [
-                [h.id for h in hits] for hits in index.search(queries, 3)
-            ]
-            cache = http.get("/health").json()["cache"]
-            assert cache == {"size": 2, "capacity": 2, "hits": 1, "misses": 2}
-            http.post("/search", json={"query": LATER[1], "top_n": 3})
-            http.post("/search", json={"query": FIRST, "top_n": 3})  # evicted by LATER[1]
-            health = http.get("/health").json()
-            assert health["cache"] == {"size": 2, "capacity": 2, "hits": 1, "misses": 4}
-            assert health["limits"]["cache_size"] == 2
+    log = tmp_path / "server.log"
+    with (
+        running(command, f"{url}/health", log, env, timeout=60),
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        assert http.get("/health").json()["cache"] == {
+            "size": 0, "capacity": 2, "hits": 0, "misses": 0
+        }  # fmt: skip
+        queries = [FIRST, FIRST, LATER[0]]
+        body = http.post("/batch_search", json={"query": queries, "top_n": 3}).json()
+        assert [[d["id"] for d in docs] for docs in body] == [
+            [h.id for h in hits] for hits in index.search(queries, 3)
+        ]
+        cache = http.get("/health").json()["cache"]
+        assert cache == {"size": 2, "capacity": 2, "hits": 1, "misses": 2}
+        http.post("/search", json={"query": LATER[1], "top_n": 3})
+        http.post("/search", json={"query": FIRST, "top_n": 3})  # evicted by LATER[1]
+        health = http.get("/health").json()
+        assert health["cache"] == {"size": 2, "capacity": 2, "hits": 1, "misses": 4}
+        assert health["limits"]["cache_size"] == 2
 
 
 def test_server_without_a_cache(index: BM25Index) -> None:
