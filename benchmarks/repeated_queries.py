@@ -1,6 +1,8 @@
 """How often a GRPO rollout round searches a query it already searched (issue 30, item 9).
 
     python benchmarks/repeated_queries.py RUN_DIR [RUN_DIR ...]   # runs saved with sample_every
+    python benchmarks/repeated_queries.py --demo DEMO_DIR --steps 2 OUT_DIR
+        # first re-run a finished demo's GRPO stage from its SFT model, saving samples, into OUT_DIR
 
 Reads ``RUN_DIR/samples/step-*.jsonl`` (`memsearcher.rl.rollout.save_samples`). The lockstep
 driver (`memsearcher.agent.driver.run_lockstep`) sends every search of a round as one
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +72,34 @@ def measure(run: Path) -> dict[str, Any]:
     }
 
 
+def rerun_demo_grpo(demo: Path, out: Path, steps: int, agent: str, preset: str) -> None:
+    """The demo's GRPO stage for ``agent`` (`memsearcher.demo.pipeline.grpo_config`) from the
+    SFT model in ``demo``, for ``steps`` steps, saving every step's samples into ``out`` (the
+    demo itself saves none)."""
+    from memsearcher.demo.pipeline import PRESETS, grpo_config
+    from memsearcher.rl.train_grpo import train_grpo
+
+    config = PRESETS[preset]
+    seed = json.loads((demo / "sft" / "config.json").read_text(encoding="utf-8"))["seed"]
+    model = demo / "sft" / f"step-{config.sft_steps}" / "model"
+    world, templates = demo / "grpo-world", demo / "templates.yaml"
+    grpo = grpo_config(config, agent, world, templates, model, out, seed)
+    train_grpo(replace(grpo, steps=steps, sample_every=1, save_every=steps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="training output folders")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--demo", type=Path, default=None, help="a finished demo's --out folder")
+    parser.add_argument("--steps", type=int, default=2, help="GRPO steps to re-run (--demo)")
+    parser.add_argument("--agent", default="memsearcher", help="whose GRPO stage (--demo)")
+    parser.add_argument("--preset", default="full", help="the demo's preset (--demo)")
     args = parser.parse_args()
+    if args.demo is not None:
+        if len(args.runs) != 1:
+            raise SystemExit("--demo takes one output folder")
+        rerun_demo_grpo(args.demo, args.runs[0], args.steps, args.agent, args.preset)
     reports = [measure(run) for run in args.runs]
     for report in reports:
         print(f"{report['run']}")

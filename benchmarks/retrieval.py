@@ -18,6 +18,10 @@ report says so.
 
 The two-stage rows (IVF-PQ candidates re-ranked from float16 vectors on disk) run on real
 sentence windows: see benchmarks/retrieval_rerank.py, which also runs alone.
+
+The answer cache's row (time with it over time without, on a GRPO-like stream of search
+batches, on the ``--compare-passages`` corpus) is benchmarks/retrieval_cache.py, which also runs
+alone; ``--cache-only`` runs just that row here.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import retrieval_cache  # benchmarks/retrieval_cache.py: the answer cache's row
 import retrieval_rerank  # benchmarks/retrieval_rerank.py: the two-stage rows
 from retrieval_rerank import best_time, log
 
@@ -341,6 +346,8 @@ def dense_section(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
+    if "bm25" not in report:
+        return
     c, s = report["bm25"]["compare"], report["bm25"]["scale"]
     print(f"\n== BM25, {c['passages']:,} generated passages, {c['queries']} queries, top-5 ==")
     print(f"{'':28}{'queries/s':>12}{'build s':>10}")
@@ -399,7 +406,10 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=50_000)
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--skip-rerank", action="store_true", help="no two-stage section")
+    parser.add_argument("--skip-cache", action="store_true", help="no answer-cache row")
+    parser.add_argument("--cache-only", action="store_true", help="only the answer-cache row")
     retrieval_rerank.add_arguments(parser)
+    retrieval_cache.add_arguments(parser)
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument("--progress", action="store_true")
@@ -411,14 +421,21 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    report["bm25"] = bm25_section(args, work)
-    if not args.skip_dense:
-        report["dense"] = dense_section(args, work)
-    if not args.skip_rerank:
-        report["rerank"] = retrieval_rerank.rerank_section(args, work)
+    if not args.cache_only:
+        report["bm25"] = bm25_section(args, work)
+        if not args.skip_dense:
+            report["dense"] = dense_section(args, work)
+        if not args.skip_rerank:
+            report["rerank"] = retrieval_rerank.rerank_section(args, work)
+    if not args.skip_cache:
+        small = work / f"synthetic-{args.compare_passages}.jsonl"
+        generate_corpus(small, args.compare_passages, args.seed)
+        report["cache"] = retrieval_cache.cache_section(args, small, work)
     print_report(report)
     if "rerank" in report:
         retrieval_rerank.print_rows(report["rerank"])
+    if "cache" in report:
+        retrieval_cache.print_section(report["cache"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
 
