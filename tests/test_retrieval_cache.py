@@ -157,3 +157,14 @@ def test_server_without_a_cache(index: BM25Index) -> None:
         client.post("/batch_search", json={"query": [FIRST, FIRST], "top_n": 2})
         assert client.get("/health").json()["cache"] == {"capacity": 0}
     assert backend.batches == [[FIRST, FIRST]]
+
+
+def test_a_run_from_before_the_cache_resumes_and_may_change_its_size() -> None:
+    from memsearcher.config import changed_keys, config_to_dict
+    from memsearcher.rl.checkpoint import FREE_ON_RESUME
+
+    current = config_to_dict(GRPOConfig(retriever_cache=16))
+    older = {k: v for k, v in current.items() if k != "retriever_cache"}
+    for saved in (older, config_to_dict(GRPOConfig())):
+        assert changed_keys(saved, current) == ["retriever_cache"]
+        assert "retriever_cache" in FREE_ON_RESUME  # the answers are the same at any size

@@ -51,9 +51,11 @@ logger = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d+)$")
 RUN_CONFIG = "config.json"
 FREE_ON_RESUME = frozenset(
-    {"output_dir", "steps", "log_every", "save_every", "sample_every", "tensorboard"}
-)
-"""What a resumed run may change: how long it runs, and when and where it logs and saves."""
+    {"output_dir", "steps", "log_every", "save_every", "sample_every", "tensorboard",
+     "retriever_cache"}
+)  # fmt: skip
+"""What a resumed run may change: how long it runs, when and where it logs and saves, and how
+many search answers it keeps (the answers are the same either way)."""
 
 
 def check_run_folder(
