@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import pytest
 from _servers import free_port, running
+from _wrappers import CountingRetriever
 
-from memsearcher.retrieval import CachedRetriever, open_retriever, with_cache
+from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
+from memsearcher.agent.replay import search_then_answer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFModel
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.retrieval import CachedRetriever, Retriever, open_retriever, with_cache
 from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.retrieval.corpus import write_corpus
 from memsearcher.retrieval.embedded import embedded_passages
 from memsearcher.rl.config import GRPOConfig
-from memsearcher.types import Hit
+from memsearcher.types import QAExample
 
 FIRST = "Stanley Kubrick science fiction film"
 LATER = ["Eiffel Tower", "capital of Japan", "Amazon river", "Mount Everest height"]
@@ -30,18 +35,6 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> BM25Index:
     return build_bm25(root / "corpus.jsonl", root / "index")
 
 
-class Counting:
-    """The real index, recording the batch each search sends it."""
-
-    def __init__(self, inner: BM25Index) -> None:
-        self.inner = inner
-        self.batches: list[list[str]] = []
-
-    def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
-        self.batches.append(list(queries))
-        return self.inner.search(queries, top_n)
-
-
 def test_answers_equal_the_index_s(index: BM25Index) -> None:
     cached = CachedRetriever(index, capacity=64)
     queries = [FIRST] * 5 + LATER + [FIRST, LATER[0]]
@@ -51,7 +44,7 @@ def test_answers_equal_the_index_s(index: BM25Index) -> None:
 
 
 def test_a_group_s_repeated_query_is_searched_once(index: BM25Index) -> None:
-    backend = Counting(index)
+    backend = CountingRetriever(index)
     cached = CachedRetriever(backend, capacity=64)
     group = [FIRST] * 5 + [LATER[0]] * 5  # two questions, G=5, everyone's first query alike
     cached.search(group, 3)
@@ -65,7 +58,7 @@ def test_a_group_s_repeated_query_is_searched_once(index: BM25Index) -> None:
 
 
 def test_top_n_is_part_of_the_key(index: BM25Index) -> None:
-    backend = Counting(index)
+    backend = CountingRetriever(index)
     cached = CachedRetriever(backend, capacity=64)
     three = cached.search([FIRST], 3)[0]
     five = cached.search([FIRST], 5)[0]
@@ -75,7 +68,7 @@ def test_top_n_is_part_of_the_key(index: BM25Index) -> None:
 
 
 def test_the_least_recently_used_answer_goes_first(index: BM25Index) -> None:
-    backend = Counting(index)
+    backend = CountingRetriever(index)
     cached = CachedRetriever(backend, capacity=2)
     a, b, c = LATER[:3]
     cached.search([a], 2)
@@ -152,7 +145,7 @@ def test_server_without_a_cache(index: BM25Index) -> None:
 
     from memsearcher.retrieval.server import ServerConfig, create_app
 
-    backend = Counting(index)
+    backend = CountingRetriever(index)
     with TestClient(create_app(backend, ServerConfig(cache_size=0))) as client:
         client.post("/batch_search", json={"query": [FIRST, FIRST], "top_n": 2})
         assert client.get("/health").json()["cache"] == {"capacity": 0}
@@ -168,3 +161,25 @@ def test_a_run_from_before_the_cache_resumes_and_may_change_its_size() -> None:
     for saved in (older, config_to_dict(GRPOConfig())):
         assert changed_keys(saved, current) == ["retriever_cache"]
         assert "retriever_cache" in FREE_ON_RESUME  # the answers are the same at any size
+
+
+def test_a_lockstep_grpo_group_gets_the_same_trajectories_from_fewer_searches(
+    llm: HFModel, retriever: Retriever
+) -> None:
+    questions = [
+        QAExample("q1", "Who wrote Hamlet?", ("William Shakespeare",)),
+        QAExample("q2", "Who painted the Mona Lisa?", ("Leonardo da Vinci",)),
+    ]
+    group = [q for q in questions for _ in range(4)]  # G = 4, adjacent as in roll_out
+    runs = {}
+    for cache in (0, 64):
+        counting = CountingRetriever(retriever)
+        episodes = start_episodes("memsearcher", group, llm.tokenizer, AgentConfig())
+        scripted = ScriptedLLM(llm.tokenizer, search_then_answer(searches=2, answer="x"))
+        trajectories = run_lockstep(
+            episodes, scripted, with_cache(counting, cache), SamplingParams()
+        )
+        runs[cache] = ([t.to_dict() for t in trajectories], counting.batches)
+    assert runs[64][0] == runs[0][0]
+    assert [len(b) for b in runs[0][1]] == [8, 8]  # every sample's query, each round
+    assert [len(b) for b in runs[64][1]] == [2, 2]  # one search per distinct query
