@@ -69,6 +69,7 @@ def measure(run: Path) -> dict[str, Any]:
         "pooled_repeated": 1 - sum(r["distinct"] for r in rows) / total,
         "mean_seen_earlier": sum(r["seen_earlier"] for r in rows) / len(rows),
         "queries": total,
+        "searched_with_unbounded_cache": len(seen) / total,
     }
 
 
@@ -111,6 +112,8 @@ def main() -> None:
         print(f"  mean repeated share per round {report['mean_repeated']:.1%} "
               f"(pooled {report['pooled_repeated']:.1%} of {report['queries']} queries); "
               f"seen in an earlier round {report['mean_seen_earlier']:.1%}")  # fmt: skip
+        print(f"  with batches deduplicated and an unbounded cache the index would search "
+              f"{report['searched_with_unbounded_cache']:.1%} of the queries")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
 
