@@ -62,6 +62,8 @@ def measure(run: Path) -> dict[str, Any]:
             )
             seen |= distinct
     total = sum(r["queries"] for r in rows)
+    if not total:  # e.g. an untrained policy that never writes a well-formed search
+        raise SystemExit(f"{run}: its samples hold no search")
     return {
         "run": str(run),
         "rounds": rows,
