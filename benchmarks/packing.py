@@ -11,7 +11,9 @@ the loss-mask-1 tokens, then a masked sum) under the same padded-token budget pe
 
 Reported: tokens processed (padding included), and learner tokens/s counted as the per-turn
 real tokens (the work both layouts do) per second, best of ``--repeats``; ReAct trajectories
-are one sequence, so packing only changes how they are padded.
+are one sequence, so packing only changes how they are padded. ``trainer/per-turn`` and
+``trainer/packed`` time one GRPO update as the trainer runs it with ``learner:`` set either way
+(`learner_batches`, then `accumulate_gradients`: the clipped policy loss with the KL term).
 
     python benchmarks/packing.py [--questions 12] [--budget 8192] [--model tiny|embedded]
 """
@@ -91,6 +93,34 @@ def packed_pass(model: torch.nn.Module, trajs: list[list[TokenSequence]], budget
     return step, sum(b.padded_tokens for b in batches), len(batches)
 
 
+def trainer_pass(model: torch.nn.Module, trajs: list[list[TokenSequence]], budget: int,
+                 learner: str):  # fmt: skip
+    """One GRPO update as `train_grpo` runs it: `learner_batches`, then
+    `accumulate_gradients` (policy loss with the KL term) and a zero_grad."""
+    from memsearcher.rl.config import GRPOConfig
+    from memsearcher.rl.distributed import Runtime
+    from memsearcher.rl.learner import accumulate_gradients, learner_batches
+    from memsearcher.rl.packing import mask_kind_of
+
+    sequences = [s for t in trajs for s in t]
+    ids = torch.tensor([j for j, t in enumerate(trajs) for _ in t])
+    advantages = torch.linspace(-1.0, 1.0, len(trajs))[ids]
+    old = [torch.full((len(s.response_ids),), -2.0) for s in sequences]
+    config = GRPOConfig(learner=learner, micro_batch_tokens=budget, beta=0.01)
+    kind = mask_kind_of(model) if learner == "packed" else None
+    one = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    members = list(range(len(sequences)))
+    lengths = [len(s.input_ids) for s in sequences]
+    batches = learner_batches(sequences, members, lengths, ids, 0, config, kind)
+
+    def step() -> None:
+        micro = learner_batches(sequences, members, lengths, ids, 0, config, kind)
+        accumulate_gradients(model, micro, old, old, advantages, ids, config, one)
+        model.zero_grad(set_to_none=True)
+
+    return step, sum(b.padded_tokens for b in batches), len(batches)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=12, help="per agent")
@@ -133,11 +163,15 @@ def main(argv: list[str] | None = None) -> None:
                     *packed_pass(models[attention], trajs, args.budget, kind),
                 )
             )
-        base = None
+        for learner in ("per-turn", "packed"):
+            runs.append((f"trainer/{learner}", "sdpa",
+                         *trainer_pass(models["sdpa"], trajs, args.budget, learner)))  # fmt: skip
+        base = 1.0
         for name, attention, step, processed, count in runs:
             seconds = best_time(step, args.repeats)
             rate = real / seconds
-            base = base or rate
+            if name.endswith("per-turn"):  # each family's ratios are against its per-turn
+                base = rate
             print(
                 f"  {name:16s} {attention:5s} {processed:7d} tokens processed in {count:2d} "
                 f"micro-batches; {rate:7.0f} tokens/s ({rate / base:.2f}x), {seconds:.2f} s"

@@ -197,3 +197,95 @@ def test_a_mask_the_backend_misreads_is_refused(tiny_folder: Path) -> None:
         packed_logprobs(model, batch, kind="bool")
     with pytest.raises(MemSearcherError, match="unknown mask kind 'dense'"):
         collate_packed(batch.packs, pad_id=0, kind="dense")
+
+
+@pytest.fixture(scope="module")
+def smollm() -> torch.nn.Module:
+    """The shipped SmolLM2-135M checkpoint with its own config (tied embeddings, its rope base,
+    sdpa attention by default), cut to its first layer, with LoRA adapters on every
+    projection as the embedded recipe trains it, so a CPU test can take gradients. The
+    adapters' B start random rather than zero, so every adapter weight has a gradient."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from memsearcher.llm.embedded import embedded_model_path
+
+    base = AutoModelForCausalLM.from_pretrained(
+        embedded_model_path(), num_hidden_layers=1, dtype=torch.float32
+    )
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=projections))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.02)
+    return model.train()
+
+
+def learner_step(
+    model: torch.nn.Module,
+    trajectories: list[list[TokenSequence]],
+    learner: str,
+    advantage: str,
+    wrong_positions: bool = False,
+) -> tuple[list[torch.Tensor], dict[str, float], int]:
+    """What a trainer step's learner does with one mini-batch of these trajectories: cut it
+    into micro-batches (`learner_batches`) and accumulate the policy loss's gradient, with old
+    log-probs off the current ones, so ratios and the KL term are not trivial; returns the
+    gradient, the loss metrics and the tokens processed."""
+    import dataclasses
+
+    from memsearcher.rl.config import GRPOConfig
+    from memsearcher.rl.distributed import Runtime
+    from memsearcher.rl.learner import accumulate_gradients, learner_batches
+    from memsearcher.rl.packing import PackedMicroBatch, mask_kind_of
+
+    sequences = [s for t in trajectories for s in t]
+    trajectory_ids = torch.tensor([j for j, t in enumerate(trajectories) for _ in t])
+    noise = torch.Generator().manual_seed(0)
+    old = [0.2 * torch.randn(len(s.response_ids), generator=noise) - 2.0 for s in sequences]
+    ref = [lp - 0.1 for lp in old]
+    advantages: torch.Tensor | list[torch.Tensor]
+    if advantage == "grpo":  # one per trajectory, on all its turns
+        advantages = torch.linspace(-1.0, 1.0, len(trajectories))[trajectory_ids]
+    else:  # PPO: per token, with an entropy bonus
+        advantages = [torch.randn(len(s.response_ids), generator=noise) for s in sequences]
+    config = GRPOConfig(
+        advantage=advantage, learner=learner, beta=0.05, entropy_coef=0.01,
+        micro_batch_tokens=1500, clip_low=0.2, clip_high=0.3,
+    )  # fmt: skip
+    kind = mask_kind_of(model) if learner == "packed" else None
+    lengths = [len(s.input_ids) for s in sequences]
+    members = list(range(len(sequences)))
+    micro = learner_batches(sequences, members, lengths, trajectory_ids, 0, config, kind)
+    assert all(isinstance(b, PackedMicroBatch) == (learner == "packed") for b in micro)
+    if wrong_positions:  # MEM1's release: positions run on through the packed row
+        micro = [
+            dataclasses.replace(b, packed=dataclasses.replace(b.packed, position_ids=torch.arange(
+                b.packed.input_ids.shape[1]).expand_as(b.packed.input_ids).contiguous()))
+            for b in micro if isinstance(b, PackedMicroBatch)
+        ]  # fmt: skip
+    one = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    metrics = accumulate_gradients(model, micro, old, ref, advantages, trajectory_ids, config, one)
+    grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+    return grads, metrics, sum(b.padded_tokens for b in micro)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("advantage", ["grpo", "gae"])
+def test_the_packed_learner_gives_the_per_turn_gradient(
+    smollm: torch.nn.Module, trajectories: list[list[TokenSequence]], advantage: str
+) -> None:
+    """``learner: packed`` in a trainer's learner step gives the per-turn gradient and loss
+    to 1e-5, on real MemSearcher, MEM1 and ReAct trajectories and a real checkpoint: GRPO with
+    the KL term, and PPO's per-token advantages with the entropy bonus; with fewer tokens."""
+    per_turn, turn_metrics, turn_tokens = learner_step(smollm, trajectories, "per-turn", advantage)
+    packed, packed_metrics, packed_tokens = learner_step(smollm, trajectories, "packed", advantage)
+    assert packed_tokens < turn_tokens
+    for key, value in turn_metrics.items():
+        assert packed_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for got, want in zip(packed, per_turn, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # negative control: positions that run on through the row give another gradient
+    wrong, _, _ = learner_step(smollm, trajectories, "packed", advantage, wrong_positions=True)
+    assert max((a - b).abs().max().item() for a, b in zip(wrong, per_turn, strict=True)) > 1e-4

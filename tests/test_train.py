@@ -328,6 +328,61 @@ def test_accumulation_over_micro_batches_equals_one_big_batch(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("agent, advantage", [("memsearcher", "grpo"), ("mem1", "gae")])
+def test_the_packed_learner_trains_the_step_the_per_turn_one_does(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str, agent: str, advantage: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``learner: packed`` in `train_grpo` (GRPO) and `train_ppo` (PPO with a critic): the
+    same step's gradient (its norm before clipping is logged) and weights as per turn, with
+    every policy pass of the update computed packed."""
+    import memsearcher.rl.learner as learner_module
+
+    packed_passes = []
+    real = learner_module.packed_sequence_logprobs
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        packed_passes.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(learner_module, "packed_sequence_logprobs", counted)
+    ends, norms = [], []
+    for learner in ("per-turn", "packed"):
+        out = tmp_path / learner
+        config = grpo_config(
+            tiny, questions, out, f"reward={length_reward}", "steps=1", f"agent_name={agent}",
+            f"advantage={advantage}", f"learner={learner}", "optim.lr=1e-4",
+            "optim.max_grad_norm=0", "sample_every=0", "tensorboard=false",
+            *(["beta=0", "critic.lr=1e-3"] if advantage == "gae" else []),
+        )  # fmt: skip
+        train_grpo(config)
+        assert bool(packed_passes) == (learner == "packed")
+        ends.append(out / "step-1")
+        norms.append(read_metrics(out)[0]["train/grad_norm"])
+    assert norms[0] > 0
+    assert norms[1] == pytest.approx(norms[0], rel=1e-5)
+    wa, wb = weights(ends[0]), weights(ends[1])
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_the_packed_learner_refuses_what_it_cannot_run(tiny: Path, questions: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from memsearcher.rl.packing import mask_kind_of
+
+    with pytest.raises(MemSearcherError, match="share_prefix must be false with learner: packed"):
+        grpo_config(tiny, questions, Path("unused"), "learner=packed", "share_prefix=true")
+    with pytest.raises(MemSearcherError, match="learner must be one of"):
+        grpo_config(tiny, questions, Path("unused"), "learner=stacked")
+    model = AutoModelForCausalLM.from_pretrained(tiny, attn_implementation="eager")
+    assert mask_kind_of(model) == "additive"
+    model.config._attn_implementation = "flash_attention_2"  # as loaded on a GPU with it
+    with pytest.raises(MemSearcherError, match="needs a 2-D attention mask"):
+        mask_kind_of(model)
+
+
+@pytest.mark.slow
 def test_lora_with_kl_to_the_adapter_free_model_and_resume(
     tiny: Path, questions: Path, tmp_path: Path, length_reward: str
 ) -> None:

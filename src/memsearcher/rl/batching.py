@@ -33,6 +33,7 @@ __all__ = [
     "MicroBatch",
     "blank_batch",
     "collate",
+    "laid_out",
     "logits_at",
     "padding_share",
     "plan_micro_batches",
@@ -198,7 +199,20 @@ def sequence_logprobs(
         **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
         logits_to_keep=span + 1,
     )  # (1, N, V)
-    targets = batch.targets.to(device)[rows, cols][None]  # (1, N)
+    return laid_out(logits, batch, rows, cols, temperature, entropy)
+
+
+def laid_out(
+    logits: torch.Tensor,
+    batch: MicroBatch,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    temperature: float,
+    entropy: list[torch.Tensor] | None,
+) -> torch.Tensor:
+    """(B, R) log-probs of ``batch.targets`` at the cells (rows, cols) from their (1, N, V)
+    logits, 0 elsewhere; ``entropy``, when given, receives the (B, R) entropies of the same."""
+    targets = batch.targets.to(logits.device)[rows, cols][None]  # (1, N)
     picked = token_logprobs(logits, targets, temperature)[0]  # (N,)
     out = picked.new_zeros(batch.targets.shape)  # (B, R)
     if entropy is not None:  # of softmax(logits / T), as the log-probs, with its gradient

@@ -19,6 +19,7 @@ from memsearcher.rl.schedules import SCHEDULES
 
 __all__ = [
     "ADVANTAGES",
+    "LEARNERS",
     "CriticConfig",
     "GRPOConfig",
     "ModelConfig",
@@ -40,6 +41,10 @@ MAX_MICRO_BATCH_TOKENS = 1 << 24
 ADVANTAGES = ("grpo", "gae")
 """grpo: each trajectory's group-normalized reward on all its tokens (DESIGN.md section 6);
 gae: PPO with a critic, per-token advantages by GAE (MEM1's algorithm, `memsearcher.rl.critic`)."""
+
+LEARNERS = ("per-turn", "packed")
+"""How the learner lays out a trajectory's turns: one row each, or one packed row
+(`memsearcher.rl.packing`); the log-probs and gradient are the same."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,11 @@ class GRPOConfig:
     """Compute the tokens all sequences of a micro-batch, or all prompts of a rollout batch,
     start with (the system prompt) once (`memsearcher.rl.batching`, `memsearcher.llm.decode`);
     exact to float rounding; one process only."""
+    learner: str = "per-turn"
+    """per-turn: every turn sequence is its own row; packed: each trajectory is one row, its
+    shared prompt prefix once and its turns as segments under a block mask
+    (`memsearcher.rl.packing`): the same log-probs and gradient with about a third fewer
+    tokens for MemSearcher and MEM1, slower on a CPU (docs/mem1.md)."""
     reuse_logprobs: bool = False
     """With one update a step (GRPO), take the update's own log-probs, detached, as the old
     ones instead of recomputing them from the same weights in a pass of their own: equal to
@@ -338,6 +348,10 @@ def _check_grpo(config: GRPOConfig) -> None:
     require(config, "aggregation", config.aggregation in AGGREGATIONS,
             f"one of {sorted(AGGREGATIONS)}")  # fmt: skip
     require(config, "reward", config.reward in REWARDS, f"one of {sorted(REWARDS)}")
+    require(config, "learner", config.learner in LEARNERS, f"one of {list(LEARNERS)}")
+    require(config, "share_prefix", not (config.share_prefix and config.learner == "packed"),
+            "false with learner: packed, which already computes each trajectory's shared "
+            "prefix once")  # fmt: skip
     require(config, "beta", finite(config.beta) and config.beta >= 0,
             "a finite number >= 0 (0 skips the reference model)")  # fmt: skip
     require(config, "clip_low", finite(config.clip_low) and 0 <= config.clip_low < 1,

@@ -25,6 +25,12 @@ from memsearcher.rl.batching import (
 from memsearcher.rl.config import GRPOConfig
 from memsearcher.rl.distributed import Runtime, gathered, no_sync, sum_over_ranks
 from memsearcher.rl.loss import AGGREGATIONS, policy_loss
+from memsearcher.rl.packing import (
+    PackedMicroBatch,
+    collate_trajectories,
+    pack,
+    packed_sequence_logprobs,
+)
 from memsearcher.types import TokenSequence, Trajectory
 
 __all__ = [
@@ -88,11 +94,23 @@ def learner_batches(
     trajectory_ids: torch.Tensor,
     pad_id: int,
     config: GRPOConfig,
+    mask_kind: str | None = None,
 ) -> list[MicroBatch]:
     """A mini-batch's sequences cut into micro-batches; a rank with none of the mini-batch
-    gets one `blank_batch`, so that it still joins the ranks' gradient all-reduce."""
+    gets one `blank_batch`, so that it still joins the ranks' gradient all-reduce. With
+    ``learner: packed``, each trajectory is one packed row with a ``mask_kind`` mask
+    (`packing.mask_kind_of` the model)."""
     if not members:
         return [blank_batch(pad_id)]
+    if config.learner == "packed":
+        assert mask_kind is not None, "learner: packed needs the model's mask kind"
+        trajectories = _units(members, trajectory_ids.tolist(), "trajectory-mean")
+        packed_lengths = [len(pack([sequences[s] for s in t]).input_ids) for t in trajectories]
+        plans = plan_micro_batches(packed_lengths, config.micro_batch_tokens)
+        return [
+            collate_trajectories(sequences, [trajectories[t] for t in plan], pad_id, mask_kind)
+            for plan in plans
+        ]
     units = _units(members, trajectory_ids.tolist(), config.aggregation)
     plans = plan_micro_batches(lengths, config.micro_batch_tokens, units)
     return [collate(sequences, plan, pad_id, config.share_prefix) for plan in plans]
@@ -138,9 +156,12 @@ def accumulate_gradients(
         weight = count(batch) * runtime.world_size / max(total, 1.0)
         with no_sync(learner, sync=k == len(batches) - 1):
             entropy: list[torch.Tensor] | None = [] if config.entropy_coef > 0 else None
-            logprobs = sequence_logprobs(
-                learner, batch, config.temperature, compute, entropy
-            )  # (B, R)
+            forward = (
+                packed_sequence_logprobs
+                if isinstance(batch, PackedMicroBatch)
+                else sequence_logprobs
+            )
+            logprobs = forward(learner, batch, config.temperature, compute, entropy)  # (B, R)
             if weight == 0:  # a pass that only keeps the ranks' collectives in step
                 (logprobs.sum() * 0.0).backward()
                 continue

@@ -26,23 +26,29 @@ given to the scores, so a boolean or 0/1 mask there would silently mask nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.rl.batching import logits_at
+from memsearcher.rl.batching import MicroBatch, collate, laid_out, logits_at
+from memsearcher.rl.distributed import unwrap
 from memsearcher.rl.loss import token_logprobs
 from memsearcher.types import TokenSequence
 
 __all__ = [
+    "ATTENTION_MASKS",
     "MASK_KINDS",
     "PackedBatch",
+    "PackedMicroBatch",
     "PackedTrajectory",
     "collate_packed",
+    "collate_trajectories",
+    "mask_kind_of",
     "pack",
     "packed_logprobs",
+    "packed_sequence_logprobs",
     "shared_prefix",
 ]
 
@@ -269,3 +275,75 @@ def packed_logprobs(
             out.append(values.masked_scatter(trained, picked[n : n + count]))
             n += count
     return out
+
+
+ATTENTION_MASKS = {"sdpa": "bool", "eager": "additive", "flex_attention": "flex"}
+"""The mask kind the packed learner builds for each attention implementation; the others
+(flash attention) take no 2-D mask."""
+
+
+def mask_kind_of(model: Any) -> str:
+    """The mask kind for ``model``'s attention implementation (`ATTENTION_MASKS`)."""
+    backend = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None)
+    if backend not in ATTENTION_MASKS:
+        raise MemSearcherError(
+            f"learner: packed needs a 2-D attention mask, which attention {backend!r} cannot "
+            f"take; load the model with one of {sorted(ATTENTION_MASKS)}, or use learner: "
+            "per-turn"
+        )
+    return ATTENTION_MASKS[backend]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedMicroBatch(MicroBatch):
+    """Whole trajectories, computed packed. The forward pass reads ``packed``; the loss reads
+    the per-turn fields (``indices`` in pack order, ``targets``, ``loss_mask``) as it does for
+    any micro-batch, so advantages, ratios and weights are those of the per-turn learner."""
+
+    packed: PackedBatch
+
+    @property
+    def real_tokens(self) -> int:
+        return self.packed.real_tokens
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.packed.padded_tokens
+
+
+def collate_trajectories(
+    sequences: Sequence[TokenSequence], trajectories: Sequence[Sequence[int]], pad_id: int,
+    kind: str,
+) -> PackedMicroBatch:  # fmt: skip
+    """The trajectories (each the indices of its turn sequences, in order) as one packed
+    micro-batch with a ``kind`` mask."""
+    turns = collate(sequences, [i for t in trajectories for i in t], pad_id)
+    packs = [pack([sequences[i] for i in t]) for t in trajectories]
+    layout = {f.name: getattr(turns, f.name) for f in fields(MicroBatch)}
+    return PackedMicroBatch(**layout, packed=collate_packed(packs, pad_id, kind))
+
+
+def packed_sequence_logprobs(
+    model: Any,
+    batch: PackedMicroBatch,
+    temperature: float = 1.0,
+    compute: str | None = None,
+    entropy: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`batching.sequence_logprobs` of a packed micro-batch: the same (B, R) log-probs (and
+    entropies), from one forward pass over its packed rows."""
+    device = next(model.parameters()).device
+    packed = batch.packed
+    # the loss-mask-1 cells, row by row: the order of packed.targets (sequences in pack order)
+    rows, cols = batch.loss_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
+    mask = packed.attention_mask
+    logits = logits_at(
+        model,
+        packed.rows.to(device),
+        packed.sources.to(device),
+        compute,
+        input_ids=packed.input_ids.to(device),
+        position_ids=packed.position_ids.to(device),
+        attention_mask=mask.to(device) if isinstance(mask, torch.Tensor) else mask,
+    )  # (1, N, V)
+    return laid_out(logits, batch, rows.to(device), cols.to(device), temperature, entropy)

@@ -21,6 +21,7 @@ from memsearcher.rl.config import GRPOConfig, config_to_dict
 from memsearcher.rl.distributed import Runtime, init_runtime, wrap_for_training
 from memsearcher.rl.metrics_log import MetricsLog
 from memsearcher.rl.optim import make_optimizer, make_scheduler
+from memsearcher.rl.packing import mask_kind_of
 from memsearcher.rl.policy import Precision, frozen_copy, load_policy, resolve_precision
 from memsearcher.rl.rewards import get_reward
 from memsearcher.rl.seeding import seed_everything
@@ -52,6 +53,8 @@ class RLRun:
     or without a KL term."""
     optimizer: Any
     scheduler: Any
+    mask_kind: str | None
+    """The packed learner's attention mask kind (`packing.mask_kind_of`); None per turn."""
     total_steps: int
     start: int
     """The last step already done (0: a fresh run)."""
@@ -100,6 +103,7 @@ def set_up(
         model, tokenizer, config.model.rollout_batch_size, config.share_prefix,
         config.model.chat_template_kwargs,
     )  # fmt: skip
+    mask_kind = mask_kind_of(model) if config.learner == "packed" else None
     learner = wrap_for_training(model, runtime, config.model.distributed)
     optimizer = make_optimizer(model, config.optim)
     total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
@@ -122,6 +126,7 @@ def set_up(
         reference=reference,
         optimizer=optimizer,
         scheduler=scheduler,
+        mask_kind=mask_kind,
         total_steps=total_steps,
         start=start,
         log=log,

@@ -97,7 +97,9 @@ def train_grpo(
             if not any_rank(has_signal(members, adv_all, config.beta), runtime):
                 skipped += 1
                 continue
-            micro = learner_batches(sequences, members, lengths, traj_all, run.pad_id, config)
+            micro = learner_batches(
+                sequences, members, lengths, traj_all, run.pad_id, config, run.mask_kind
+            )
             micro = even_out(micro, run.learner, runtime)
             parts = accumulate_gradients(
                 run.learner, micro, old, ref, adv_all, traj_all, config, runtime, compute

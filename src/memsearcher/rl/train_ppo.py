@@ -109,7 +109,9 @@ def train_ppo(
         batches = []
         updates = 0
         for members in mini_batches(traj_all, per_rank, group, config, step):
-            micro = learner_batches(sequences, members, lengths, traj_all, run.pad_id, config)
+            micro = learner_batches(
+                sequences, members, lengths, traj_all, run.pad_id, config, run.mask_kind
+            )
             micro = even_out(micro, run.learner, runtime)
             parts = accumulate_gradients(
                 run.learner, micro, old, ref, per_token, traj_all, config, runtime, compute
