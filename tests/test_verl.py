@@ -22,6 +22,7 @@ packer), and the actor's old log-probs (a teacher-forced pass of the same model)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -67,26 +68,29 @@ TEMPLATES = {
     "memsearcher_tool_response": (
         "<tool_response>\n{passages}\n</tool_response>\nUpdate your memory."
     ),
+    "react_system": "Search, then answer in a box.",
+    "mem1_user": "Search in <search> </search>, answer in <answer> </answer>: {questions}",
 }
 AGENT = {"max_turns": 2, "memory_tokens": 16, "max_new_tokens": 48, "top_n": 1}
 PLACES = ["France", "the Seine"]
 QUESTIONS = [QAExample(f"q{i}", f"Which city has {p}?", ("Paris",)) for i, p in enumerate(PLACES)]
-SFT_STEPS = 60  # measured: greedy then answers in 2 turns; at 0.7, 3 in 8 do
+SFT_STEPS = 80  # measured: greedy, each agent then searches, then answers (at 60 MemSearcher not)
 
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory, retriever: Retriever) -> Path:
-    """A tiny Llama taught the protocol by a short SFT, answering Paris or London: it searches,
-    so rows carry tool responses (mask 0), and sampled groups disagree on the answer."""
+    """A tiny Llama taught every agent's protocol by a short SFT, answering Paris or London: it
+    searches once, then answers, so each agent's trajectories have several turns, and sampled
+    groups disagree on the answer."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("verl-model")
     tiny = save_tiny_model(folder / "tiny")
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(tiny))
     trajectories = []
-    for answer in ("Paris", "London"):
+    for agent, answer in itertools.product(sorted(AGENTS), ("Paris", "London")):
         episodes = start_episodes(
-            "memsearcher", QUESTIONS, tokenizer, AgentConfig(**AGENT), Templates(**TEMPLATES)
+            agent, QUESTIONS, tokenizer, AgentConfig(**AGENT), Templates(**TEMPLATES)
         )
         trajectories += run_lockstep(
             episodes,
@@ -282,8 +286,26 @@ def test_greedy_rows_equal_the_lockstep_driver(
         assert info["turns"] == len(trajectory.turns)
         assert info["searches"] == trajectory.num_searches
         assert info["end_reason"] == trajectory.end_reason
-    if agent == "memsearcher":  # the warm-up taught this protocol: some turns searched
-        assert any(0 in store.rows[k]["response_mask"].tolist() for k in store.rows)
+    # The warm-up taught every protocol: some trajectory searched, then took another turn.
+    infos = [store.rows[keys[-1]]["extra_fields"]["reward_extra_info"] for keys in found.values()]
+    searched = [
+        keys
+        for keys, info in zip(found.values(), infos, strict=True)
+        if info["searches"] >= 1 and info["turns"] > 1
+    ]
+    assert searched, f"{agent}: no trajectory searched, then took another turn: {infos}"
+    for keys in searched:
+        masks = [store.rows[k]["response_mask"].tolist() for k in keys]
+        if agent == "react":  # one growing conversation: one row, tool responses under mask 0
+            assert len(keys) == 1 and 0 in masks[0]
+        elif agent == "memsearcher":  # a row a turn, the tool response under mask 0 in its row
+            assert len(keys) == store.rows[keys[-1]]["num_turns"] and 0 in masks[0]
+        else:  # MEM1: a row a turn, all generated; the observation and hint open the next prompt
+            assert len(keys) == store.rows[keys[-1]]["num_turns"]
+            assert not any(0 in mask for mask in masks)
+            assert "<information>[HINT]" in llm.tokenizer.decode(
+                store.rows[keys[1]]["prompts"].tolist()
+            )
 
 
 @pytest.mark.slow
