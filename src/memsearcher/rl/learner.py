@@ -156,12 +156,12 @@ def accumulate_gradients(
         weight = count(batch) * runtime.world_size / max(total, 1.0)
         with no_sync(learner, sync=k == len(batches) - 1):
             entropy: list[torch.Tensor] | None = [] if config.entropy_coef > 0 else None
-            forward = (
-                packed_sequence_logprobs
-                if isinstance(batch, PackedMicroBatch)
-                else sequence_logprobs
-            )
-            logprobs = forward(learner, batch, config.temperature, compute, entropy)  # (B, R)
+            if isinstance(batch, PackedMicroBatch):
+                logprobs = packed_sequence_logprobs(
+                    learner, batch, config.temperature, compute, entropy
+                )  # (B, R)
+            else:
+                logprobs = sequence_logprobs(learner, batch, config.temperature, compute, entropy)
             if weight == 0:  # a pass that only keeps the ranks' collectives in step
                 (logprobs.sum() * 0.0).backward()
                 continue
