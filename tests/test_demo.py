@@ -392,6 +392,16 @@ def test_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> No
     for name in ("report.md", "reward_per_step.png", "em_by_method.png",
                  "prompt_tokens_per_turn.png"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name
+    # report.html: every run of the demo side by side, every question each one answered
+    page = (out / "report.html").read_text()
+    data = json.loads(page.split('type="application/json">')[1].split("</script>")[0])
+    assert [r["label"] for r in data["runs"]] == [
+        f"{m}-{a}" for m in ("untrained", "sft", "sft+grpo") for a in ("memsearcher", "react")
+    ]
+    tested = out / "eval" / "sft-react" / "test" / "predictions.jsonl"
+    assert {q["id"] for q in data["questions"] if q["dataset"] == "test"} == {
+        json.loads(line)["id"] for line in tested.open()
+    }
     assert "| sft+grpo | memsearcher |" in done.stdout
     for agent in ("memsearcher", "react"):
         model = out / f"grpo-{agent}" / f"step-{PRESETS['quick'].grpo_steps}" / "model"

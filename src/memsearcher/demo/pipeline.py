@@ -153,6 +153,8 @@ OUTPUTS = {
     "eval": "<method>-<agent>/: predictions and summary on the test (and rl) questions",
     "results.json": "every number of the run",
     "report.md": "the report (written by `memsearcher.demo.report.write_report`)",
+    "report.html": "one self-contained page: the eval table and plots of every run, and a "
+    "question browser with each run's trajectory side by side",
     "reward_per_step.png": "the report's plot of GRPO's mean reward per step",
     "em_by_method.png": "the report's plot of EM by method and agent",
     "prompt_tokens_per_turn.png": "the report's plot of prompt tokens per turn",

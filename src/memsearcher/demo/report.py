@@ -1,4 +1,5 @@
-"""The demo's report: a markdown file with the results table and three PNG plots."""
+"""The demo's report: a markdown file with the results table and three PNG plots, and beside
+it ``report.html``, the eval report's page over the demo's runs (a question browser)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = [
     "format_grpo_questions",
     "format_results",
     "format_teacher",
+    "write_html_report",
     "write_report",
 ]
 
@@ -239,4 +241,22 @@ def write_report(out: str | Path, results: dict[str, Any]) -> Path:
     ]
     path = out / "report.md"
     path.write_text("\n".join(text), encoding="utf-8")
+    write_html_report(out, results)
     return path
+
+
+def write_html_report(out: str | Path, results: dict[str, Any]) -> Path:
+    """``report.html`` beside ``report.md``: every evaluation run of the demo, one column each
+    (untrained, SFT, SFT + GRPO; MemSearcher, then ReAct), so a test question shows what SFT and
+    GRPO did with it, next to each other."""
+    from memsearcher.eval.html import write_html
+    from memsearcher.eval.report import load_rows
+
+    out = Path(out)
+    runs = [
+        out / "eval" / f"{method}-{agent}"
+        for method in METHODS
+        for agent in ("memsearcher", "react")
+        if f"{method}/{agent}" in results["evaluations"]
+    ]
+    return write_html(load_rows(runs), runs, out / "report.html")

@@ -63,6 +63,13 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--plots", default="eval-report", help="folder for the plots")
     report.add_argument("--no-plots", action="store_true", help="print the table only")
     report.add_argument("--json", action="store_true", help="print the rows as JSON")
+    report.add_argument(
+        "--html",
+        default=None,
+        metavar="OUT.html",
+        help="also write one self-contained page: the table, the plots, and a question browser "
+        "with each run's trajectory side by side",
+    )
     report.set_defaults(func=run_report_command)
 
 
@@ -141,4 +148,9 @@ def run_report_command(args: argparse.Namespace) -> int:
     if not args.no_plots:
         for path in draw_token_plots(rows, args.plots) + draw_objective_plots(rows, args.plots):
             print(f"plot: {path}", file=sys.stderr)
+    if args.html:
+        from memsearcher.eval.html import write_html
+
+        page = write_html(rows, args.runs, args.html, plots=not args.no_plots)
+        print(f"html: {page} ({page.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return 0

@@ -20,6 +20,7 @@ __all__ = [
     "format_table",
     "load_rows",
     "rows_from_summary",
+    "table_cells",
 ]
 
 COLUMNS = (
@@ -98,8 +99,9 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table; EM, F1 and ACC in percent as in the paper."""
+def table_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The table as strings, the titles first: what `format_table` prints and the HTML report
+    shows, so both carry the same numbers."""
     cells = [[title for _, title, _ in COLUMNS]]
     for row in rows:
         line = []
@@ -112,6 +114,12 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             else:
                 line.append(fmt.format(value * 100 if key in PERCENT else value))
         cells.append(line)
+    return cells
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table; EM, F1 and ACC in percent as in the paper."""
+    cells = table_cells(rows)
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     lines = []
     for n, line in enumerate(cells):
