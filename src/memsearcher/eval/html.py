@@ -20,7 +20,7 @@ from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import latest_records, read_predictions
 from memsearcher.eval.report import (
     LEFT_ALIGNED,
-    _order,
+    dataset_order,
     draw_objective_plots,
     draw_token_plots,
     table_cells,
@@ -89,7 +89,7 @@ def page_data(runs: Sequence[str | Path]) -> dict[str, Any]:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         labels.append(folder.name or str(run))
         agents.append(summary.get("settings", {}).get("agent"))
-        for dataset in sorted(summary.get("datasets", {}), key=_order):
+        for dataset in sorted(summary.get("datasets", {}), key=dataset_order):
             for record in latest_records(read_predictions(folder / dataset / "predictions.jsonl")):
                 entry = questions.setdefault(
                     (dataset, str(record["id"])),
@@ -102,7 +102,7 @@ def page_data(runs: Sequence[str | Path]) -> dict[str, Any]:
                     },
                 )
                 entry["runs"][n] = _record(record)
-    ordered = sorted(questions.values(), key=lambda q: _order(q["dataset"]))
+    ordered = sorted(questions.values(), key=lambda q: dataset_order(q["dataset"]))
     return {"runs": [{"label": a, "agent": b} for a, b in zip(labels, agents, strict=True)],
             "questions": ordered}  # fmt: skip
 

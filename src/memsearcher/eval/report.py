@@ -15,6 +15,7 @@ from memsearcher.data.flashrag import BENCHMARKS
 from memsearcher.errors import MemSearcherError
 
 __all__ = [
+    "dataset_order",
     "draw_objective_plots",
     "draw_token_plots",
     "format_table",
@@ -46,7 +47,8 @@ PERCENT = frozenset({"em", "f1", "acc"})
 LEFT_ALIGNED = 3  # run, dataset, agent
 
 
-def _order(name: str) -> tuple[int, str]:
+def dataset_order(name: str) -> tuple[int, str]:
+    """Sort key: the seven benchmarks in their usual order, then any other dataset by name."""
     return (BENCHMARKS.index(name) if name in BENCHMARKS else len(BENCHMARKS), name)
 
 
@@ -55,7 +57,7 @@ def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str
     label = Path(run).name or str(run)
     agent = summary.get("settings", {}).get("agent")
     rows = []
-    for name in sorted(summary.get("datasets", {}), key=_order):
+    for name in sorted(summary.get("datasets", {}), key=dataset_order):
         s = summary["datasets"][name]
         if not s.get("questions"):
             continue
@@ -160,7 +162,7 @@ def draw_token_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list
         if row.get("prompt_tokens_by_turn"):
             by_dataset.setdefault(row["dataset"], []).append(row)
     paths = []
-    for name in sorted(by_dataset, key=_order):
+    for name in sorted(by_dataset, key=dataset_order):
         figure, axes = plt.subplots(figsize=(6, 4))
         for row in by_dataset[name]:
             values = row["prompt_tokens_by_turn"]

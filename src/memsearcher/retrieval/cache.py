@@ -48,19 +48,20 @@ class CachedRetriever:
     def search(self, queries: Sequence[str], top_n: int) -> list[list[Hit]]:
         check_search_args(queries, top_n)
         found: dict[str, tuple[Hit, ...]] = {}
+        missing = []
         with self._lock:
             for query in dict.fromkeys(queries):
                 answer = self._answers.get((query, top_n))
-                if answer is not None:
+                if answer is None:
+                    missing.append(query)
+                else:
                     self._answers.move_to_end((query, top_n))
                     found[query] = answer
-        missing = [query for query in dict.fromkeys(queries) if query not in found]
         if missing:
             results = self.retriever.search(missing, top_n)
             if len(results) != len(missing):
                 raise RuntimeError(f"{len(results)} results for {len(missing)} queries")
-            fetched = {query: tuple(hits) for query, hits in zip(missing, results, strict=True)}
-            found.update(fetched)
+            found.update((query, tuple(hits)) for query, hits in zip(missing, results, strict=True))
         with self._lock:
             self.misses += len(missing)
             self.hits += len(queries) - len(missing)
@@ -80,11 +81,6 @@ class CachedRetriever:
                 "hits": self.hits,
                 "misses": self.misses,
             }
-
-    def clear(self) -> None:
-        """Forget every answer (the counters stay)."""
-        with self._lock:
-            self._answers.clear()
 
 
 def with_cache(retriever: Retriever, capacity: int) -> Retriever:

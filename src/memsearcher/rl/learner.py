@@ -105,10 +105,16 @@ def learner_batches(
     if config.learner == "packed":
         assert mask_kind is not None, "learner: packed needs the model's mask kind"
         trajectories = _units(members, trajectory_ids.tolist(), "trajectory-mean")
-        packed_lengths = [len(pack([sequences[s] for s in t]).input_ids) for t in trajectories]
-        plans = plan_micro_batches(packed_lengths, config.micro_batch_tokens)
+        packs = [pack([sequences[s] for s in t]) for t in trajectories]
+        plans = plan_micro_batches([len(p.input_ids) for p in packs], config.micro_batch_tokens)
         return [
-            collate_trajectories(sequences, [trajectories[t] for t in plan], pad_id, mask_kind)
+            collate_trajectories(
+                sequences,
+                [trajectories[t] for t in plan],
+                [packs[t] for t in plan],
+                pad_id,
+                mask_kind,
+            )  # fmt: skip
             for plan in plans
         ]
     units = _units(members, trajectory_ids.tolist(), config.aggregation)

@@ -312,13 +312,12 @@ class PackedMicroBatch(MicroBatch):
 
 
 def collate_trajectories(
-    sequences: Sequence[TokenSequence], trajectories: Sequence[Sequence[int]], pad_id: int,
-    kind: str,
+    sequences: Sequence[TokenSequence], trajectories: Sequence[Sequence[int]],
+    packs: Sequence[PackedTrajectory], pad_id: int, kind: str,
 ) -> PackedMicroBatch:  # fmt: skip
-    """The trajectories (each the indices of its turn sequences, in order) as one packed
-    micro-batch with a ``kind`` mask."""
+    """The trajectories (each the indices of its turn sequences, in order; ``packs``, each one
+    `pack`ed) as one packed micro-batch with a ``kind`` mask."""
     turns = collate(sequences, [i for t in trajectories for i in t], pad_id)
-    packs = [pack([sequences[i] for i in t]) for t in trajectories]
     layout = {f.name: getattr(turns, f.name) for f in fields(MicroBatch)}
     return PackedMicroBatch(**layout, packed=collate_packed(packs, pad_id, kind))
 
