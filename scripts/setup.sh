@@ -5,7 +5,8 @@
 #                                 train): compiles nothing
 #   bash scripts/setup.sh --dev   everything the tests need as well, including llama.cpp's server
 #                                 (a real OpenAI-compatible server for the HTTP backend's tests),
-#                                 which pip compiles from source: 15-20 minutes on two cores, once
+#                                 which pip compiles from source: 15-20 minutes on two cores, once,
+#                                 and Debian's Chromium for the page tests (tests/_browser.py)
 #
 # torch goes first, pinned: a CPU build of torch 2.13.0 is what these machines carry, and a bare
 # `torch` requirement on an empty environment pulls a multi-GB CUDA build. On a GPU machine set
@@ -46,4 +47,13 @@ if [ "$EXTRAS" = dev ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null
     "llama-cpp-python[server]==0.3.36"
 fi
 pip install -e ".[$EXTRAS]"
+# The pages (serve's viewer, eval report --html) are tested in a real headless Chromium, from
+# Debian's packages. Without it those tests fail and say so; they never skip.
+if [ "$EXTRAS" = dev ] && ! command -v chromium >/dev/null; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  if ! { $SUDO apt-get install -y -q chromium || { $SUDO apt-get update -q &&
+         $SUDO apt-get install -y -q chromium; }; } >/dev/null; then
+    echo "warning: could not install Chromium (apt-get install chromium): the page tests will fail" >&2
+  fi
+fi
 echo "memsearcher is installed in $VENV (try: $VENV/bin/memsearcher --help)"

@@ -8,13 +8,12 @@ try to break out of the page's embedded JSON.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import browser
 
 from memsearcher.agent import AgentConfig
 from memsearcher.agent.replay import search_then_answer
@@ -184,73 +183,52 @@ def test_the_page_embeds_the_plots_as_data(
     assert "html:" in capsys.readouterr().err
 
 
-DOM = """
-class Node {
-  constructor(tag) { this.tag = tag; this.children = []; this.className = ""; this.style = {};
-    this.dataset = {}; this._text = ""; this.listeners = {};
-    this.classList = { add: (c) => { this.className += " " + c; },
-                       remove: (c) => { this.className = this.className.replace(c, ""); } }; }
-  set textContent(t) { this.children = []; this._text = t; }
-  get textContent() { return this._text + this.children.map((c) => c.textContent).join(""); }
-  appendChild(c) { this.children.push(c); return c; }
-  append(t) { const n = new Node("#text"); n._text = t; this.children.push(n); }
-  replaceChildren() { this.children = []; this._text = ""; }
-  querySelectorAll() { return []; }
-  addEventListener(kind, f) { this.listeners[kind] = f; }
-  all(pred) { const found = pred(this) ? [this] : [];
-    return found.concat(...this.children.map((c) => c.all(pred))); }
-}
-const nodes = {};
-const document = {
-  createElement: (tag) => new Node(tag),
-  getElementById: (id) => nodes[id] || (nodes[id] = Object.assign(new Node("div"),
-    id === "report-data" ? { textContent: process.argv[2] } : {})),
-};
-"""
-
-SHOW = """
-const shown = [];
-for (const [row] of rows) {
-  row.listeners.click();
-  const columns = detail.all((n) => n.className === "run");
-  shown.push(columns.map((c) => ({
-    run: c.dataset.run,
-    turns: c.all((n) => n.className === "turn").length,
-    bars: c.all((n) => n.className === "bar").map((n) => n.style.width),
-    added: c.all((n) => n.tag === "ins").map((n) => n.textContent),
-    text: c.textContent,
-  })));
-}
-console.log(JSON.stringify(shown));
-"""
-
-
-def test_the_browser_script_shows_every_run_turn_by_turn(
+@pytest.mark.slow
+def test_the_page_opened_in_a_browser_shows_every_run_turn_by_turn(
     report: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The page's own script, run by Node on a small stand-in for the DOM (no browser here):
-    clicking each question gives one column a run, one box a turn with its context bar, and
-    the memory's new words marked."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed; the script is checked where it is")
-    page = parse(report["text"])
-    data = embedded(page)
-    (script,) = [t for attrs, t in page.scripts if "type" not in attrs]
-    (tmp_path / "page.js").write_text(DOM + script + SHOW, encoding="utf-8")
-    json_text = [t for attrs, t in page.scripts if attrs.get("type")][0]
-    done = subprocess.run([node, str(tmp_path / "page.js"), json_text],
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
-    shown = json.loads(done.stdout)
-    assert len(shown) == len(data["questions"])
-    for question, columns in zip(data["questions"], shown, strict=True):
-        assert [c["run"] for c in columns] == ["memsearcher", "react"]
-        for column, record in zip(columns, question["runs"], strict=True):
-            assert column["turns"] == len(record["turns"])
-            assert len(column["bars"]) == column["turns"]
-            assert record["prediction"] in column["text"]
-        memory = question["runs"][0]["turns"][0]["memory"]
-        assert columns[0]["added"][: len(memory.split())] == memory.split()  # all new at first
-        assert columns[1]["added"] == []  # ReAct keeps no memory
-    widths = [float(w.rstrip("%")) for c in shown[0] for w in c["bars"]]
-    assert max(widths) == 100.0 and min(widths) > 0
+    """The real page in a real headless Chromium, opened from disk: each question, clicked,
+    shows one column a run and one box a turn, as the embedded data holds them; the page asks
+    for nothing but itself (anything else would be refused and recorded)."""
+
+    path = tmp_path / "report.html"
+    path.write_text(report["text"], encoding="utf-8")
+    data = embedded(parse(report["text"]))
+    fetched: list[str] = []
+
+    def only_the_file(route: Any) -> None:
+        fetched.append(route.request.url)
+        if route.request.url == path.as_uri():
+            route.continue_()
+        else:
+            route.abort()
+
+    with browser() as chromium:
+        page = chromium.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/*", only_the_file)
+        page.goto(path.as_uri())
+        rows = page.query_selector_all("#questions .q")
+        assert len(rows) == len(data["questions"])
+        for row, question in zip(rows, data["questions"], strict=True):
+            row.click()
+            assert page.text_content("#detail h3") == question["question"]
+            columns = page.eval_on_selector_all(
+                "#detail .run",
+                "cols => cols.map(c => ({run: c.dataset.run, text: c.textContent,"
+                " turns: c.querySelectorAll('.turn').length,"
+                " memories: c.querySelectorAll('.turn .memory').length,"
+                " bars: Array.from(c.querySelectorAll('.bar'), b => parseFloat(b.style.width)),"
+                " added: Array.from(c.querySelectorAll('ins'), n => n.textContent)}))",
+            )
+            assert [c["run"] for c in columns] == ["memsearcher", "react"]
+            for column, record in zip(columns, question["runs"], strict=True):
+                assert column["turns"] == column["memories"] == len(record["turns"])
+                assert f"answer: {record['prediction']}" in column["text"]
+                assert len(column["bars"]) == column["turns"] and min(column["bars"]) > 0
+            assert max(b for c in columns for b in c["bars"]) == 100.0
+            memory = question["runs"][0]["turns"][0]["memory"].split()
+            assert columns[0]["added"][: len(memory)] == memory  # all new at first
+            assert columns[1]["added"] == []  # ReAct keeps no memory
+    assert errors == [] and set(fetched) == {path.as_uri()}

@@ -8,6 +8,8 @@
     POST /v1/chat/completions  OpenAI-style: the last user message is the question; the answer
                                is the assistant message; streamed: OpenAI's chunks, the turns
                                as ``reasoning_content`` (``api.responses``)
+    GET  /                     the trajectory viewer: a page that asks /v1/answer and draws each
+                               turn as it streams (``memsearcher.web``)
     GET  /v1/models, GET /health
 
 Requests waiting at the same moment are answered together: one worker thread takes them as
@@ -52,11 +54,12 @@ from memsearcher.retrieval.base import Retriever
 from memsearcher.serving import BodyGuard, HostGuard, add_error_handlers, unless_gone
 from memsearcher.text import sanitize_text
 from memsearcher.types import QAExample, Trajectory, Turn
+from memsearcher.web import viewer_page
 from memsearcher.worker import QueueWorker
 
 try:
     import fastapi
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 except ImportError as error:  # pragma: no cover - retrieval.server already says how
     raise MemSearcherError(
@@ -326,6 +329,12 @@ def create_app(
                 "memsearcher": summary(trajectory),
             }
         )
+
+    @app.get("/", include_in_schema=False)
+    async def viewer() -> Any:
+        page, policy = viewer_page()
+        headers = {"content-security-policy": policy, "referrer-policy": "no-referrer"}
+        return HTMLResponse(page, headers=headers)
 
     @app.get("/v1/models", summary="The one model served")
     async def models() -> Any:

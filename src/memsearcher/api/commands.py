@@ -14,7 +14,8 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="answer questions with the agent over HTTP (POST /v1/answer)",
         description="Serve the search agent: POST /v1/answer returns the answer and the "
-        "trajectory; POST /v1/chat/completions answers the last user message.",
+        "trajectory; POST /v1/chat/completions answers the last user message; GET / is a "
+        "trajectory viewer to open in a browser.",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--index", default=None, help="index folder (default: embedded BM25)")

@@ -3,7 +3,9 @@ question browser that sets the runs' trajectories side by side, turn by turn.
 
 Nothing is fetched when the page opens (no CDN, no fonts, no external scripts): the plots are
 PNG data URIs and the runs travel inside the page as JSON, rendered by a short inline script
-that only ever sets ``textContent``, so a passage or an answer is text, never markup.
+(``memsearcher/web``'s ``turns.js``, shared with ``serve``'s trajectory viewer, and
+``report.js``) that only ever sets ``textContent``, so a passage or an answer is text, never
+markup.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from memsearcher.eval.report import (
     draw_token_plots,
     table_cells,
 )
+from memsearcher.web import asset
 
 __all__ = ["embed_json", "page_data", "render_html", "write_html"]
 
@@ -145,8 +148,8 @@ def render_html(rows: Sequence[dict[str, Any]], data: dict[str, Any], plots: boo
         plots=_plots(rows) if plots else "",
         count=len(data["questions"]),
         data=embed_json(data),
-        style=STYLE,
-        script=SCRIPT,
+        style=asset("style.css"),
+        script=asset("turns.js") + asset("report.js"),
     )
 
 
@@ -184,145 +187,4 @@ PAGE = """<!DOCTYPE html>
 <script>{script}</script>
 </body>
 </html>
-"""
-
-STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:#222}
-table.metrics{border-collapse:collapse;font-variant-numeric:tabular-nums}
-table.metrics th,table.metrics td{border-bottom:1px solid #ddd;padding:2px 8px}
-td.r{text-align:right}td.l{text-align:left}
-.plots img{max-width:48%;margin:4px}
-.browser{display:flex;gap:1em;align-items:flex-start}
-.list{width:28em;flex:none}
-#filter{width:100%;box-sizing:border-box;margin-bottom:4px}
-#questions{max-height:80vh;overflow-y:auto;border:1px solid #ddd}
-.q{padding:3px 6px;cursor:pointer;border-bottom:1px solid #eee}
-.q:hover{background:#f3f6fb}.q.on{background:#dfe8f7}
-.em{display:inline-block;min-width:1.6em;margin-right:2px;text-align:center;font-size:11px;
-border-radius:3px;background:#eee}
-.em.y{background:#bfe5bf}.em.n{background:#f3c9c9}
-#detail{flex:1;overflow-x:auto}
-.runs{display:grid;gap:8px}
-.run{border:1px solid #ccc;border-radius:4px;padding:6px;min-width:16em}
-.turn{border-top:1px solid #ddd;padding:4px 0}
-.label{color:#666;font-size:12px}
-.bar{height:8px;background:#6b8fd6;border-radius:2px}
-.mem{white-space:pre-wrap;background:#fafafa;padding:2px}
-ins{background:#c9efc9;text-decoration:none}del{background:#f6d0d0}
-.hit{font-size:12px}.hit b{font-weight:600}
-.ok{color:#1a7f1a}.bad{color:#b02020}.note{color:#666}
-"""
-
-SCRIPT = """
-"use strict";
-const data = JSON.parse(document.getElementById("report-data").textContent);
-const list = document.getElementById("questions");
-const detail = document.getElementById("detail");
-function el(tag, cls, text) {
-  const node = document.createElement(tag);
-  if (cls) node.className = cls;
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  return node;
-}
-function emBadge(record) {
-  if (!record) return el("span", "em", "-");
-  return el("span", "em " + (record.em > 0 ? "y" : "n"), Math.round(record.em * 100));
-}
-// word diff of two memories by longest common subsequence: kept, <ins> added, <del> dropped
-function diffWords(before, after) {
-  const a = before ? before.split(/\\s+/).filter(Boolean) : [];
-  const b = after.split(/\\s+/).filter(Boolean);
-  const n = a.length, m = b.length;
-  const L = Array.from({length: n + 1}, () => new Int32Array(m + 1));
-  for (let i = n - 1; i >= 0; i--)
-    for (let j = m - 1; j >= 0; j--)
-      L[i][j] = a[i] === b[j] ? L[i + 1][j + 1] + 1 : Math.max(L[i + 1][j], L[i][j + 1]);
-  const out = el("div", "mem");
-  let i = 0, j = 0;
-  const put = (tag, word) => { out.appendChild(el(tag, null, word)); out.append(" "); };
-  while (i < n || j < m) {
-    if (i < n && j < m && a[i] === b[j]) { put("span", a[i]); i++; j++; }
-    else if (j < m && (i === n || L[i][j + 1] >= L[i + 1][j])) { put("ins", b[j]); j++; }
-    else { put("del", a[i]); i++; }
-  }
-  return out;
-}
-function field(parent, name, value) {
-  if (value === null || value === undefined || value === "") return;
-  const row = el("div");
-  row.appendChild(el("span", "label", name + ": "));
-  row.appendChild(el("span", null, value));
-  parent.appendChild(row);
-}
-function renderTurn(turn, t, previous, widest) {
-  const box = el("div", "turn");
-  box.appendChild(el("div", "label", "turn " + (t + 1) + " \\u00b7 context " +
-    turn.prompt_tokens + " tokens, generated " + turn.generated_tokens));
-  const bar = el("div", "bar");
-  bar.style.width = (100 * (turn.prompt_tokens || 0) / widest).toFixed(1) + "%";
-  box.appendChild(bar);
-  field(box, "thought", turn.thought);
-  field(box, "query", turn.query);
-  for (const hit of turn.hits) {
-    const line = el("div", "hit");
-    line.appendChild(el("b", null, hit.title));
-    line.append(" " + hit.text);
-    box.appendChild(line);
-  }
-  if (turn.memory !== null && turn.memory !== undefined) {
-    box.appendChild(el("div", "label", "memory (green: new, red: dropped)"));
-    box.appendChild(diffWords(previous, turn.memory));
-  }
-  field(box, "wrote", turn.action);
-  field(box, "answer", turn.answer);
-  field(box, "error", turn.error);
-  return box;
-}
-function show(q, row) {
-  for (const node of list.querySelectorAll(".q.on")) node.classList.remove("on");
-  row.classList.add("on");
-  detail.replaceChildren();
-  detail.appendChild(el("h3", null, q.question));
-  detail.appendChild(el("div", "label", q.dataset + " \\u00b7 " + q.id + " \\u00b7 gold: " +
-    q.gold.join(" | ")));
-  let widest = 1;
-  for (const r of q.runs) {
-    if (r) for (const t of r.turns) widest = Math.max(widest, t.prompt_tokens || 0);
-  }
-  const grid = el("div", "runs");
-  grid.style.gridTemplateColumns = "repeat(" + q.runs.length + ", minmax(16em, 1fr))";
-  q.runs.forEach((record, n) => {
-    const col = el("div", "run");
-    col.dataset.run = data.runs[n].label;
-    const run = data.runs[n];
-    col.appendChild(el("h4", null, run.label + (run.agent ? " (" + run.agent + ")" : "")));
-    grid.appendChild(col);
-    if (!record) { col.appendChild(el("p", "note", "not in this run")); return; }
-    const verdict = el("div", record.em > 0 ? "ok" : "bad");
-    verdict.textContent = "answer: " + (record.prediction ?? "(none)") + " \\u00b7 EM " +
-      record.em + " \\u00b7 F1 " + (record.f1 ?? 0).toFixed(2) + " \\u00b7 " + record.end_reason;
-    col.appendChild(verdict);
-    field(col, "error", record.error);
-    let previous = "";
-    record.turns.forEach((turn, t) => {
-      col.appendChild(renderTurn(turn, t, previous, widest));
-      if (turn.memory !== null && turn.memory !== undefined) previous = turn.memory;
-    });
-  });
-  detail.appendChild(grid);
-}
-const rows = data.questions.map((q) => {
-  const row = el("div", "q");
-  for (const record of q.runs) row.appendChild(emBadge(record));
-  row.append(" " + q.question);
-  row.title = q.dataset + " / " + q.id;
-  row.addEventListener("click", () => show(q, row));
-  list.appendChild(row);
-  return [row, (q.question + " " + q.dataset + " " + q.id).toLowerCase()];
-});
-document.getElementById("filter").addEventListener("input", (event) => {
-  const words = event.target.value.toLowerCase().split(/\\s+/).filter(Boolean);
-  for (const [row, text] of rows) row.hidden = !words.every((w) => text.includes(w));
-});
-if (rows.length) show(data.questions[0], rows[0][0]);
 """
