@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -71,11 +72,15 @@ def test_the_viewer_shows_each_turn_as_the_server_answers_it(server: str, tmp_pa
         page.on("request", lambda r: requests.append(r.url))
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{server}/")
+        if agent == "memsearcher":  # typed into the box
+            page.goto(f"{server}/")
+            page.fill("#question", QUESTION)
+            page.click("#ask button")
+        else:  # a link that asks at once
+            page.goto(f"{server}/?q={quote(QUESTION)}")
+            assert page.input_value("#question") == QUESTION
         page.wait_for_function("document.getElementById('agent').textContent !== ''")
         assert page.text_content("#agent") == f"agent {agent} \u00b7 model memsearcher"
-        page.fill("#question", QUESTION)
-        page.click("#ask button")
         page.wait_for_selector("#answer .label", timeout=300_000)
         answer = page.text_content("#answer") or ""
         turns = shown_turns(page)
