@@ -27,6 +27,7 @@ from memsearcher.retrieval.bm25 import build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
 from memsearcher.types import QAExample
 
+AGENTS = ("memsearcher", "react", "mem1")
 BREAKOUT = "</script><b>x</b><!-- & <script>alert(1)</script>"
 
 
@@ -91,7 +92,7 @@ def make_runs(tmp_path: Path, llm: HFModel) -> tuple[list[str], list[QAExample]]
     examples = [QAExample("z", "Where is zorblax?", ("nowhere",))]
     examples += [QAExample(f"q{i}", f"What is place {i}?", ("Paris",)) for i in range(1, 4)]
     runs = []
-    for agent, searches in (("memsearcher", 2), ("react", 1)):
+    for agent, searches in (("memsearcher", 2), ("react", 1), ("mem1", 2)):
         scripted = ScriptedLLM(llm.tokenizer, search_then_answer(searches, answer="Paris"))
         config = EvalConfig(agent, AgentConfig(max_turns=4))
         out = tmp_path / agent
@@ -117,15 +118,15 @@ def test_the_page_is_one_file_with_every_question_of_every_run(report: dict[str,
     # nothing to fetch: no src or href at all (plots are data: URIs, off here)
     assert page.urls == []
     data = embedded(page)
-    assert [r["label"] for r in data["runs"]] == ["memsearcher", "react"]
-    assert [r["agent"] for r in data["runs"]] == ["memsearcher", "react"]
+    assert [r["label"] for r in data["runs"]] == list(AGENTS)
+    assert [r["agent"] for r in data["runs"]] == list(AGENTS)
     expected = {("nq", e.id) for e in report["examples"][:3]}
     expected |= {("hotpotqa", e.id) for e in report["examples"][1:]}
     assert {(q["dataset"], q["id"]) for q in data["questions"]} == expected
     assert all(all(record is not None for record in q["runs"]) for q in data["questions"])
     # a sampled question: each run's trajectory, turn by turn
     (question,) = [q for q in data["questions"] if q["dataset"] == "nq" and q["id"] == "q1"]
-    memsearcher, react = question["runs"]
+    memsearcher, react, _ = question["runs"]
     assert question["question"] == "What is place 1?" and question["gold"] == ["Paris"]
     assert [t["query"] is not None for t in memsearcher["turns"]] == [True, True, False]
     assert [t["query"] is not None for t in react["turns"]] == [True, False]
@@ -164,7 +165,7 @@ def test_the_metrics_table_has_the_numbers_of_the_text_report(report: dict[str, 
     text_cells = [lines[0].split()] + [line.split() for line in lines[2:]]
     html_cells = [[c for c in row if c] for row in page.cells]
     # the text table splits titles such as "tok p50" in two; compare the data rows whole
-    assert len(html_cells) == len(text_cells) == 1 + 2 * 3  # 2 runs x (2 datasets + avg)
+    assert len(html_cells) == len(text_cells) == 1 + 3 * 3  # 3 runs x (2 datasets + avg)
     assert html_cells[1:] == text_cells[1:]
     assert html_cells[0][:6] == ["run", "dataset", "agent", "n", "N", "EM"]
 
@@ -222,7 +223,7 @@ def test_the_page_opened_in_a_browser_shows_every_run_turn_by_turn(
                 " bars: Array.from(c.querySelectorAll('.bar'), b => parseFloat(b.style.width)),"
                 " added: Array.from(c.querySelectorAll('ins'), n => n.textContent)}))",
             )
-            assert [c["run"] for c in columns] == ["memsearcher", "react"]
+            assert [c["run"] for c in columns] == list(AGENTS)
             for column, record in zip(columns, question["runs"], strict=True):
                 assert column["turns"] == column["memories"] == len(record["turns"])
                 assert f"answer: {record['prediction']}" in column["text"]
@@ -231,4 +232,8 @@ def test_the_page_opened_in_a_browser_shows_every_run_turn_by_turn(
             memory = question["runs"][0]["turns"][0]["memory"].split()
             assert columns[0]["added"][: len(memory)] == memory  # all new at first
             assert columns[1]["added"] == []  # ReAct keeps no memory
+            # MEM1 keeps its internal state (its <think>) as its memory
+            state = question["runs"][2]["turns"][0]["thought"].split()
+            assert "internal state" in columns[2]["text"]
+            assert columns[2]["added"][: len(state)] == state
     assert errors == [] and set(fetched) == {path.as_uri()}
