@@ -11,7 +11,7 @@ from pathlib import Path
 SOURCE = Path(__file__).parents[1] / "src" / "memsearcher"
 
 LAYERS: list[set[str]] = [
-    {"memsearcher", "types", "errors", "paths", "text", "folders", "worker", "config"},
+    {"memsearcher", "types", "errors", "paths", "text", "folders", "worker", "config", "web"},
     {"llm", "data", "serving"},
     {"retrieval"},
     {"agent"},
