@@ -46,7 +46,7 @@ def phase_prompts(llm: HFModel, count: int) -> dict[str, tuple[list[list[int]], 
     for episode, example in zip(episodes, examples, strict=True):
         text = f"<think> search </think><tool_call>{call % example.question}</tool_call>"
         episode.on_generation(Completion(tuple(llm.tokenizer.encode(text)), "stop"))
-        episode.on_search(retriever.search([example.question], 5)[0])
+        episode.on_observation(retriever.search([example.question], 5)[0])
         request = episode.next_request()
         assert isinstance(request, Generate)
         memories.append(request)

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memsearcher.agent.base import AgentConfig, Episode, Generate, Request, Search
+from memsearcher.agent.base import AgentConfig, Episode, Generate, Request
 from memsearcher.agent.driver import run_lockstep
+from memsearcher.agent.environment import (
+    Action,
+    AsyncEnvironment,
+    Environment,
+    Observation,
+    Search,
+    SearchEnvironment,
+)
 from memsearcher.agent.mem1 import Mem1Episode
 from memsearcher.agent.memory_agent import MemSearcherEpisode
 from memsearcher.agent.prompts import Templates, load_templates
@@ -16,14 +24,19 @@ from memsearcher.types import QAExample
 
 __all__ = [
     "AGENTS",
+    "Action",
     "AgentConfig",
+    "AsyncEnvironment",
+    "Environment",
     "Episode",
     "Generate",
     "Mem1Episode",
     "MemSearcherEpisode",
+    "Observation",
     "ReActEpisode",
     "Request",
     "Search",
+    "SearchEnvironment",
     "Templates",
     "agent_type",
     "load_templates",

@@ -1,8 +1,9 @@
 """What both agents share: their config, the requests they make, and the episode bookkeeping.
 
-An agent is a pure step machine. An episode asks for one thing at a time (`Generate` or
-`Search`); a driver runs the request and hands back the result. Episodes never call a model or
-a retriever themselves, so one driver can batch many of them.
+An agent is a pure step machine. An episode asks for one thing at a time (`Generate`, or an
+action on its environment: `Search` for search QA, ``agent.environment``); a driver runs the
+request and hands back the result. Episodes never call a model or an environment themselves,
+so one driver can batch many of them.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memsearcher.agent.environment import Action, Observation, Search
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
 from memsearcher.agent.prompts import TOOL_NAME, Templates
 from memsearcher.config import count
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.text import sanitize_text
-from memsearcher.types import EndReason, Hit, QAExample, TokenSequence, Trajectory, Turn
+from memsearcher.types import EndReason, QAExample, TokenSequence, Trajectory, Turn
 
 MAX_TURNS = 1000
 """More turns than any search episode needs (the paper evaluates with 20); each is a model call
@@ -62,15 +64,7 @@ class Generate:
     stop: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Search:
-    """Run one query against the retriever."""
-
-    query: str
-    top_n: int
-
-
-Request = Generate | Search
+Request = Generate | Action
 
 TurnCallback = Callable[[int, Turn], None]
 """``on_turn(episode_index, turn)``: how a driver reports each turn as it closes."""
@@ -143,8 +137,9 @@ class Episode(ABC):
         """Take the model's output for the pending `Generate`."""
 
     @abstractmethod
-    def on_search(self, hits: Sequence[Hit]) -> None:
-        """Take the retriever's hits for the pending `Search`."""
+    def on_observation(self, observation: Observation) -> None:
+        """Take the environment's observation for the pending action (search QA: the hits
+        of the pending `Search`)."""
 
     def result(self) -> Trajectory:
         if self.end_reason is None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memsearcher.agent.base import Episode, Search
+from memsearcher.agent.base import Episode
+from memsearcher.agent.environment import Search
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, parse_mem1_action
 from memsearcher.agent.prompts import format_hits, mem1_hint
 from memsearcher.llm.base import Completion
@@ -65,7 +66,7 @@ class Mem1Episode(Episode):
         self.draft.fields["query"] = parsed.action.query
         self.pending = Search(parsed.action.query, self.config.top_n)
 
-    def on_search(self, hits: Sequence[Hit]) -> None:
+    def on_observation(self, hits: Sequence[Hit]) -> None:
         assert self.draft is not None
         self.draft.fields["hits"] = tuple(hits)
         response = list(self.response_ids)

@@ -61,7 +61,7 @@ class MemSearcherEpisode(Episode):
         else:
             self._begin_turn()
 
-    def on_search(self, hits: Sequence[Hit]) -> None:
+    def on_observation(self, hits: Sequence[Hit]) -> None:
         assert self.draft is not None
         self.draft.fields["hits"] = tuple(hits)
         self.insert_user_message(

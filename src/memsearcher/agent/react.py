@@ -33,7 +33,7 @@ class ReActEpisode(Episode):
     def on_generation(self, completion: Completion) -> None:
         self.take_action(completion)
 
-    def on_search(self, hits: Sequence[Hit]) -> None:
+    def on_observation(self, hits: Sequence[Hit]) -> None:
         assert self.draft is not None
         self.draft.fields["hits"] = tuple(hits)
         self.insert_user_message(

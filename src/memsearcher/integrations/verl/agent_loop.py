@@ -32,7 +32,8 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from memsearcher.agent import AgentConfig, Generate, Search, load_templates, start_episodes
-from memsearcher.agent.async_driver import SearchBatcher, drive
+from memsearcher.agent.async_driver import drive
+from memsearcher.agent.environment import BatchedSearch, DirectSearch, Observation
 from memsearcher.errors import MemSearcherError
 from memsearcher.integrations.verl.checks import check_trainer_config
 from memsearcher.integrations.verl.data import example_from_row
@@ -40,13 +41,12 @@ from memsearcher.integrations.verl.outputs import finish_reason, turn_rows
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.rl.rewards import get_reward
-from memsearcher.types import Hit
 
 __all__ = ["MemSearcherAgentLoop"]
 
 logger = logging.getLogger(__name__)
 
-SearchFn = Callable[[Search], Awaitable[list[Hit]]]
+SearchFn = Callable[[Search], Awaitable[Observation]]
 
 _PROCESS: dict[Any, Any] = {}
 """Made once per worker process: indexes, tokenizer wrappers, context limits."""
@@ -120,22 +120,13 @@ def _searcher(spec: str | None) -> SearchFn:
     if spec is not None and spec.startswith(("http://", "https://")):
         from memsearcher.retrieval.client import AsyncHTTPRetriever
 
-        client = AsyncHTTPRetriever(spec)
-
-        async def over_http(request: Search) -> list[Hit]:
-            return (await client.search([request.query], request.top_n))[0]
-
-        search = over_http
+        search = DirectSearch(AsyncHTTPRetriever(spec)).act_one
     else:
         from memsearcher.retrieval import open_retriever
 
-        batcher = SearchBatcher(_once(("index", spec), lambda: open_retriever(spec)))
+        batcher = BatchedSearch(_once(("index", spec), lambda: open_retriever(spec)))
         batcher.start()  # lives as long as the worker's event loop
-
-        async def in_process(request: Search) -> list[Hit]:
-            return await batcher.search(request.query, request.top_n)
-
-        search = in_process
+        search = batcher.act_one
     per_loop[spec] = search
     return search
 
@@ -253,7 +244,7 @@ class MemSearcherAgentLoop(AgentLoopBase):
         generate = _Generations(self.server_manager, sampling_params, self.agent_tokenizer, extra)
         search_once, searching = _searcher(self.retriever), [0.0]
 
-        async def search(request: Search) -> list[Hit]:
+        async def search(request: Search) -> Observation:
             start = time.perf_counter()
             try:
                 return await search_once(request)
