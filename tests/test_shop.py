@@ -30,6 +30,7 @@ from memsearcher.envs import (
     type_reward,
 )
 from memsearcher.envs.shop import SEP
+from memsearcher.errors import MemSearcherError
 
 
 @pytest.fixture(scope="module")
@@ -353,3 +354,21 @@ def test_any_actions_never_crash(
         page, reward, done, info = env.step(action)
         assert isinstance(page, str) and reward == 0.0
         assert re.match(r"(Invalid action: |WebShop|Instruction:)", page)
+
+
+def test_instructions_of_one_target_choose_different_options(catalogue: Catalogue) -> None:
+    chosen: dict[str, list[dict[str, str]]] = {}
+    for instruction in catalogue.instructions:
+        chosen.setdefault(instruction.goal.asin, []).append(instruction.goal.options)
+    for options in chosen.values():
+        assert len(options) == catalogue.config.instructions_per_product
+        assert len({tuple(o.items()) for o in options}) == len(options)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("options_offered", 4), ("options_offered", 0), ("test_fraction", 0.9), ("rl_fraction", -0.1)],
+)
+def test_bad_config_names_its_key(field: str, value: float) -> None:
+    with pytest.raises(MemSearcherError, match=f"shop.{field}"):
+        ShopConfig(**{field: value})

@@ -88,7 +88,7 @@ class ShopSearch:
 @dataclass
 class _State:
     page: str = "search"
-    """"search", "results" or "item"."""
+    """Which page is shown: search, results or item."""
     query: str = ""
     results: list[str] = field(default_factory=list)
     page_number: int = 1
@@ -149,7 +149,9 @@ class ShopEnv:
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         """Apply ``action``; returns (observation, reward, done, info). Never raises on a bad
-        action: the observation says what was wrong and ``info["valid"]`` is False."""
+        action: the observation says what was wrong and ``info["valid"]`` is False. At Buy Now,
+        ``info`` also holds ``bought`` (the id), ``options`` and the reward's parts; at the step
+        limit, ``truncated``."""
         if self.done:
             return self._invalid("the episode is over"), 0.0, True, {"valid": False}
         self.steps += 1

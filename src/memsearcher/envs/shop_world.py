@@ -25,9 +25,12 @@ instruction asks for a product that a ``train`` instruction asks for.
 
 from __future__ import annotations
 
+import itertools
 import random
 import string
 from dataclasses import dataclass
+
+from memsearcher.errors import MemSearcherError
 
 __all__ = [
     "CATEGORIES",
@@ -149,6 +152,26 @@ class ShopConfig:
     test_fraction: float = 0.25
     """Share of target products whose instructions form the held-out ``test`` split."""
 
+    def __post_init__(self) -> None:
+        fewest = min(len(v) for c in CATEGORIES.values() for v in c.options.values())
+        if not 1 <= self.options_offered <= fewest:
+            raise MemSearcherError(
+                f"shop.options_offered must be in 1..{fewest} (the fewest values of an option), "
+                f"got {self.options_offered}"
+            )
+        if self.families_per_category < 1 or self.instructions_per_product < 1:
+            raise MemSearcherError(
+                "shop.families_per_category and shop.instructions_per_product must be at least 1"
+            )
+        if (
+            min(self.rl_fraction, self.test_fraction) < 0
+            or self.rl_fraction + self.test_fraction > 1
+        ):
+            raise MemSearcherError(
+                "shop.rl_fraction and shop.test_fraction must be shares that sum to at most 1, "
+                f"got {self.rl_fraction} and {self.test_fraction}"
+            )
+
 
 @dataclass(frozen=True)
 class Product:
@@ -233,8 +256,12 @@ def generate_catalogue(config: ShopConfig = ShopConfig()) -> Catalogue:
             targets.append((family[0], price_upper))
     splits = _splits(rng, config, len(targets))
     for (target, price_upper), split in zip(targets, splits, strict=True):
-        for _ in range(config.instructions_per_product):
-            chosen = {option: rng.choice(values) for option, values in target.options.items()}
+        # distinct option choices, as WebShop writes one synthetic goal per combination
+        combinations = list(itertools.product(*target.options.values()))
+        for combination in rng.sample(
+            combinations, min(config.instructions_per_product, len(combinations))
+        ):
+            chosen = dict(zip(target.options, combination, strict=True))
             goal = Goal(
                 target.asin, target.category, tuple(target.attributes.values()), chosen,
                 price_upper,
