@@ -176,9 +176,10 @@ def test_type_ladder_as_webshop_writes_it() -> None:
 # --- the environment -----------------------------------------------------------------------
 
 
-def test_every_test_instruction_is_solved_by_the_oracle(
-    catalogue: Catalogue, search: ShopSearch
-) -> None:
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_test_instruction_is_solved_by_the_oracle(seed: int) -> None:
+    catalogue = generate_catalogue(ShopConfig(seed=seed))
+    search = ShopSearch(catalogue.products)
     for instruction in catalogue.split("test"):
         actions = solve(ShopEnv(catalogue, search, instruction))
         # replay on a fresh episode: the actions alone, not the oracle's env, earn the reward
@@ -189,6 +190,26 @@ def test_every_test_instruction_is_solved_by_the_oracle(
             assert info["valid"], (action, instruction.text)
         assert done and reward == 1.0, (instruction.text, actions, info)
         assert info["bought"] == instruction.goal.asin
+
+
+def test_distractors_make_the_top_result_unsafe(catalogue: Catalogue, search: ShopSearch) -> None:
+    """Searching the instruction itself lists the target on page 1, but buying the top result
+    with the right options succeeds on fewer than 60% of test instructions: the over-priced
+    copy has the same title, and near-duplicates share all but one word of it."""
+    test = catalogue.split("test")
+    rewards = []
+    for instruction in test:
+        results = search.search(instruction.text)
+        assert instruction.goal.asin in results[:10]
+        env = ShopEnv(catalogue, search, instruction)
+        env.reset()
+        env.step(f"search[{instruction.text}]")
+        env.step(f"click[{results[0]}]")
+        for value in instruction.goal.options.values():
+            env.step(f"click[{value}]")
+        rewards.append(env.step("click[Buy Now]")[1])
+    assert sum(r == 1.0 for r in rewards) < 0.6 * len(test)
+    assert all(r > 0 for r in rewards)  # the right type and attributes, at least partly
 
 
 def test_buying_the_over_priced_copy_loses_the_price_term(
