@@ -155,9 +155,10 @@ class ShopEnv:
         if self.done:
             return self._invalid("the episode is over"), 0.0, True, {"valid": False}
         self.steps += 1
+        info: dict[str, Any]
         parsed = parse_action(action)
         error: str | None
-        reward, info = 0.0, dict[str, Any]()
+        reward, info = 0.0, {}
         if parsed is None:
             error = "write search[keywords] or click[one of the clickables]"
         elif parsed[0] == "search":
