@@ -15,7 +15,7 @@ LAYERS: list[set[str]] = [
     {"llm", "data", "serving"},
     {"retrieval"},
     {"agent"},
-    {"eval", "ask"},
+    {"eval", "ask", "envs"},
     {"rl", "teach"},
     {"demo", "api", "integrations", "recipe"},
     {"cli"},
