@@ -15,7 +15,7 @@ LAYERS: list[set[str]] = [
     {"llm", "data", "serving"},
     {"retrieval"},
     {"agent"},
-    {"eval", "ask", "envs"},
+    {"eval", "ask"},
     {"rl", "teach"},
     {"demo", "api", "integrations", "recipe"},
     {"cli"},

@@ -13,23 +13,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsearcher.envs import (
+from memsearcher.agent.environments.shop import (
+    SEP,
+    ShopEnv,
+    ShopSearch,
+    parse_action,
+    solve,
+)
+from memsearcher.agent.environments.shop_reward import shop_reward, title_score, type_reward
+from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
     SPLITS,
     Catalogue,
     Goal,
     Product,
     ShopConfig,
-    ShopEnv,
-    ShopSearch,
     generate_catalogue,
-    parse_action,
-    shop_reward,
-    solve,
-    title_score,
-    type_reward,
 )
-from memsearcher.envs.shop import SEP
 from memsearcher.errors import MemSearcherError
 
 

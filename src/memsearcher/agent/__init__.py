@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from memsearcher.agent.base import AgentConfig, Episode, Generate, Request
 from memsearcher.agent.driver import run_lockstep
-from memsearcher.agent.environment import (
+from memsearcher.agent.environments import (
     Action,
     AsyncEnvironment,
     Environment,

@@ -3,7 +3,7 @@
 An HTTP backend (vLLM, SGLang, llama.cpp) batches whatever requests are in flight, so the best
 a client can do is keep many of them in flight and never wait for the slowest trajectory of a
 round, as the lockstep driver must. Every episode is an asyncio task; a semaphore bounds how
-many run at once. Each action goes to the environment on its own (``agent.environment``): with
+many run at once. Each action goes to the environment on its own (``agent.environments``): with
 a synchronous retriever (a local index), searches from all tasks are merged into batched calls
 in one worker thread, so the index is never called from two threads at once; an async
 retriever (``AsyncHTTPRetriever``) is awaited directly, and its server batches.
@@ -16,13 +16,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from memsearcher.agent.base import Episode, Generate, TurnCallback
-from memsearcher.agent.environment import (
-    Action,
+from memsearcher.agent.environments import (
     ActionRefused,
     AsyncEnvironment,
-    Observation,
     as_async_environment,
 )
 from memsearcher.llm.base import AsyncLLM, Completion, SamplingParams, derive_seed
@@ -38,7 +37,7 @@ ErrorCallback = Callable[[int, Exception], None]
 async def drive(
     episode: Episode,
     generate: Callable[[Generate], Awaitable[Completion]],
-    act: Callable[[Action], Awaitable[Observation]],
+    act: Callable[[Any], Awaitable[Any]],
     on_turn: Callable[[Turn], None] | None = None,
 ) -> Trajectory:
     """Run one episode to its end, asking ``generate`` and ``act`` for what it requests;

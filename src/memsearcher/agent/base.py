@@ -1,7 +1,7 @@
 """What both agents share: their config, the requests they make, and the episode bookkeeping.
 
 An agent is a pure step machine. An episode asks for one thing at a time (`Generate`, or an
-action on its environment: `Search` for search QA, ``agent.environment``); a driver runs the
+action on its environment: `Search` for search QA, ``agent.environments``); a driver runs the
 request and hands back the result. Episodes never call a model or an environment themselves,
 so one driver can batch many of them.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from memsearcher.agent.environment import Action, Observation, Search
+from memsearcher.agent.environments import Action, Search
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
 from memsearcher.agent.prompts import TOOL_NAME, Templates
 from memsearcher.config import count
@@ -84,7 +84,10 @@ class _Draft:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-class Episode(ABC):
+ObservationT = TypeVar("ObservationT")
+
+
+class Episode(ABC, Generic[ObservationT]):
     """One agent on one question: the bookkeeping shared by MemSearcher and ReAct.
 
     It keeps the current training sequence (prompt, response, loss mask), the finished
@@ -137,7 +140,7 @@ class Episode(ABC):
         """Take the model's output for the pending `Generate`."""
 
     @abstractmethod
-    def on_observation(self, observation: Observation) -> None:
+    def on_observation(self, observation: ObservationT) -> None:
         """Take the environment's observation for the pending action (search QA: the hits
         of the pending `Search`)."""
 

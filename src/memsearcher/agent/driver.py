@@ -11,9 +11,10 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from memsearcher.agent.base import Episode, Generate, TurnCallback
-from memsearcher.agent.environment import Action, ActionRefused, Environment, as_environment
+from memsearcher.agent.environments import Action, ActionRefused, Environment, as_environment
 from memsearcher.llm.base import LLM, SamplingParams, derive_seed
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Trajectory
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 def run_lockstep(
     episodes: Sequence[Episode],
     llm: LLM,
-    environment: Environment | Retriever,
+    environment: Environment[Any, Any] | Retriever,
     sampling: SamplingParams,
     on_turn: TurnCallback | None = None,
 ) -> list[Trajectory]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memsearcher.agent.base import Episode
-from memsearcher.agent.environment import Search
+from memsearcher.agent.environments import Search
 from memsearcher.agent.parsing import FinalAnswer, ParseFailure, parse_mem1_action
 from memsearcher.agent.prompts import format_hits, mem1_hint
 from memsearcher.llm.base import Completion
@@ -29,7 +29,7 @@ __all__ = ["MEM1_STOP", "Mem1Episode"]
 MEM1_STOP = ("</search>", "</answer>")
 
 
-class Mem1Episode(Episode):
+class Mem1Episode(Episode[Sequence[Hit]]):
     """Turn t: prompt = the user message (instructions and questions), then turn t-1's
     response and observation; response = internal state + action, all generated (mask 1).
     Each turn is its own training sequence, so the context stays flat."""

@@ -11,7 +11,7 @@ from memsearcher.llm.base import Completion
 from memsearcher.types import Hit
 
 
-class MemSearcherEpisode(Episode):
+class MemSearcherEpisode(Episode[Sequence[Hit]]):
     """Turn t: prompt = system + (question, memory); response = think + tool call, the tool
     response (mask 0), then the rewritten memory; or think + answer on the last turn.
     Each turn is its own training sequence, so the context stays flat."""

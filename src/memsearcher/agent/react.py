@@ -10,7 +10,7 @@ from memsearcher.llm.base import Completion
 from memsearcher.types import Hit
 
 
-class ReActEpisode(Episode):
+class ReActEpisode(Episode[Sequence[Hit]]):
     """Same tags as MemSearcher, no memory: the whole trajectory is one training sequence whose
     response interleaves the model's turns (mask 1) with tool responses (mask 0)."""
 

@@ -33,7 +33,7 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from memsearcher.agent import AgentConfig, Generate, Search, load_templates, start_episodes
 from memsearcher.agent.async_driver import drive
-from memsearcher.agent.environment import BatchedSearch, DirectSearch, Observation
+from memsearcher.agent.environments import BatchedSearch, DirectSearch, Observation
 from memsearcher.errors import MemSearcherError
 from memsearcher.integrations.verl.checks import check_trainer_config
 from memsearcher.integrations.verl.data import example_from_row

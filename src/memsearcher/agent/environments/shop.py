@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memsearcher.envs.shop_reward import shop_reward
-from memsearcher.envs.shop_world import CATEGORIES, Catalogue, Goal, Instruction, Product
+from memsearcher.agent.environments.shop_reward import shop_reward
+from memsearcher.agent.environments.shop_world import (
+    CATEGORIES,
+    Catalogue,
+    Goal,
+    Instruction,
+    Product,
+)
 from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
 

@@ -1,100 +1,40 @@
-"""Environments: what an agent's actions act on, and what comes back.
-
-An episode is a step machine (``agent.base``): it starts from its task's observation (for
-search QA, the question), then asks for one thing at a time, a generation (`Generate`) or an
-action on its environment (an `Action`), and takes the answer back: a completion, or an
-observation (`Episode.on_observation`). It ends when the model answers, fails, or runs out of
-turns, and the reward is read off the finished trajectory (``memsearcher.rl.rewards``).
-
-The drivers never look inside an action: the lockstep driver hands every action of a round to
-the environment in one call (`Environment.act`), so an environment that batches (a search
-index) gets a batch; the async driver awaits each action on its own
-(`AsyncEnvironment.act_one`), and the environment merges what is in flight.
-
-Search QA is the one environment today: its action is `Search`, its observation the passages
-the retriever returns (`SearchEnvironment`, or for the async driver `BatchedSearch` over a
-local index and `DirectSearch` over an async HTTP client). A retriever handed to a driver is
-taken as its search environment (`as_environment`, `as_async_environment`).
+"""Search QA as an environment: its action is `Search`, its observation the passages the
+retriever returns. `SearchEnvironment` serves the lockstep driver; for the async driver,
+`BatchedSearch` merges the searches in flight over a local index and `DirectSearch` awaits an
+async HTTP client, whose server batches. A retriever handed to a driver is taken as its search
+environment (`as_environment`, `as_async_environment`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
-from typing import cast
+from typing import Any, cast
 
+from memsearcher.agent.environments.base import ActionRefused, AsyncEnvironment, Environment, Search
 from memsearcher.retrieval.base import AsyncRetriever, Retriever, SearchRefused, is_async
 from memsearcher.types import Hit
 from memsearcher.worker import QueueWorker
 
 __all__ = [
-    "Action",
-    "ActionRefused",
-    "AsyncEnvironment",
     "BatchedSearch",
     "DirectSearch",
-    "Environment",
-    "Observation",
-    "Search",
     "SearchEnvironment",
     "as_async_environment",
     "as_environment",
 ]
 
 
-@dataclass(frozen=True)
-class Search:
-    """Search QA's action: one query against the retriever, for ``top_n`` passages."""
-
-    query: str
-    top_n: int
-
-
-Action = Search
-"""What an episode asks its environment to do."""
-
-Observation = Sequence[Hit]
-"""What the environment gives back for an action."""
-
-ActionRefused = SearchRefused
-"""The environment refuses this action alone (a query the retrieval server will not take): the
-driver ends only the episode that asked (``"search_error"``), and the others go on."""
-
-
-class Environment(ABC):
-    """Acts for the lockstep driver: every action of a round in one call."""
-
-    @abstractmethod
-    def act(self, actions: Sequence[Action]) -> list[Observation | ActionRefused]:
-        """One observation per action, in order, or the refusal of an action that fails alone."""
-
-
-class AsyncEnvironment(ABC):
-    """Acts for the async driver, one action per call; ``async with`` it around a run."""
-
-    @abstractmethod
-    async def act_one(self, action: Action) -> Observation:
-        """The observation of ``action``; raises `ActionRefused` if it fails alone."""
-
-    async def __aenter__(self) -> AsyncEnvironment:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class SearchEnvironment(Environment):
+class SearchEnvironment(Environment[Search, Sequence[Hit]]):
     """Search QA over a retriever: a round's queries go as one ``retriever.search`` call, with
     the largest ``top_n`` asked, and each action keeps its own ``top_n`` of the hits."""
 
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever
 
-    def act(self, actions: Sequence[Action]) -> list[Observation | ActionRefused]:
+    def act(self, actions: Sequence[Search]) -> list[Sequence[Hit] | ActionRefused]:
         if not actions:
             return []
         queries, top_n = [a.query for a in actions], max(a.top_n for a in actions)
@@ -118,17 +58,19 @@ def _search_apart(
     return [_search_apart(retriever, [query], top_n)[0] for query in queries]
 
 
-class DirectSearch(AsyncEnvironment):
+class DirectSearch(AsyncEnvironment[Search, Sequence[Hit]]):
     """Search QA over an async retriever, one query per call: its server does the batching."""
 
     def __init__(self, retriever: AsyncRetriever) -> None:
         self.retriever = retriever
 
-    async def act_one(self, action: Action) -> Observation:
+    async def act_one(self, action: Search) -> Sequence[Hit]:
         return (await self.retriever.search([action.query], action.top_n))[0]
 
 
-class BatchedSearch(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]], AsyncEnvironment):
+class BatchedSearch(
+    QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]], AsyncEnvironment[Search, Sequence[Hit]]
+):
     """Search QA over a local index for many tasks at once: the searches waiting at any moment
     go as one ``retriever.search`` call per ``top_n``, run in a single worker thread, so the
     index is never called from two threads at once (``async with`` starts and stops the
@@ -139,7 +81,7 @@ class BatchedSearch(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]], Asy
         self.retriever = retriever
         self.max_queries = max_queries
 
-    async def act_one(self, action: Action) -> Observation:
+    async def act_one(self, action: Search) -> Sequence[Hit]:
         future: asyncio.Future[list[Hit]] = asyncio.get_running_loop().create_future()
         await self.queue.put((action.query, action.top_n, future))
         return await future
@@ -169,12 +111,14 @@ class BatchedSearch(QueueWorker[tuple[str, int, asyncio.Future[list[Hit]]]], Asy
                 future.set_result(hits)
 
 
-def as_environment(where: Environment | Retriever) -> Environment:
+def as_environment(where: Environment[Any, Any] | Retriever) -> Environment[Any, Any]:
     """``where`` itself if it is an environment; a retriever is search QA over it."""
     return where if isinstance(where, Environment) else SearchEnvironment(where)
 
 
-def as_async_environment(where: AsyncEnvironment | Retriever | AsyncRetriever) -> AsyncEnvironment:
+def as_async_environment(
+    where: AsyncEnvironment[Any, Any] | Retriever | AsyncRetriever,
+) -> AsyncEnvironment[Any, Any]:
     """``where`` itself if it is an async environment; an async retriever is searched directly,
     a synchronous one through a `BatchedSearch`."""
     if isinstance(where, AsyncEnvironment):

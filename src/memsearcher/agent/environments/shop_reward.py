@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from memsearcher.envs.shop_world import CATEGORIES, Goal, Product
+from memsearcher.agent.environments.shop_world import CATEGORIES, Goal, Product
 
 __all__ = ["shop_reward", "title_score", "type_reward"]
 
