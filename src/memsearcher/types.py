@@ -112,6 +112,9 @@ class Trajectory:
     end_reason: EndReason
     answer: str | None = None
     error: str | None = None
+    reward: float | None = None
+    """The environment's reward at the end (the shop's, at Buy Now); None where the answer is
+    scored against the gold answers (search QA)."""
 
     @property
     def well_formed(self) -> bool:
@@ -154,4 +157,5 @@ class Trajectory:
             end_reason=data["end_reason"],
             answer=data.get("answer"),
             error=data.get("error"),
+            reward=data.get("reward"),
         )

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from memsearcher.agent.environments import Action, Search
-from memsearcher.agent.parsing import FinalAnswer, ParseFailure, ToolCall, parse_action
+from memsearcher.agent.parsing import (
+    FinalAnswer,
+    ParseFailure,
+    ToolCall,
+    parse_action,
+    parse_memory,
+)
 from memsearcher.agent.prompts import TOOL_NAME, Templates
 from memsearcher.config import count
 from memsearcher.llm.base import Completion, Tokenizer
@@ -119,6 +125,8 @@ class Episode(ABC, Generic[ObservationT]):
         self.end_reason: EndReason | None = None
         self.answer: str | None = None
         self.error: str | None = None
+        self.reward: float | None = None
+        """The environment's reward at the end, where it gives one (the shop)."""
         self.begin()
 
     # -- the driver's side ------------------------------------------------------------------
@@ -155,6 +163,7 @@ class Episode(ABC, Generic[ObservationT]):
             end_reason=self.end_reason,
             answer=self.answer,
             error=self.error,
+            reward=self.reward,
         )
 
     # -- helpers for the agents ---------------------------------------------------------------
@@ -251,6 +260,22 @@ class Episode(ABC, Generic[ObservationT]):
             self.close_turn()
         self.close_sequence()
         self.end_reason, self.error, self.pending = reason, error, None
+
+    def take_memory(self, completion: Completion) -> str | None:
+        """Record a memory update; return the new memory, or end the episode on a fault."""
+        text = self.take_generation(completion)
+        assert self.draft is not None
+        self.draft.fields["memory_text"] = text
+        memory = parse_memory(text)
+        if isinstance(memory, ParseFailure):
+            if completion.finish_reason == "length" and memory.kind == "unclosed_memory":
+                detail = f"memory exceeded its cap of {self.config.memory_tokens} tokens"
+            else:
+                detail = memory.detail
+            self.end("format_error", f"{memory.kind}: {detail}")
+            return None
+        self.draft.fields["memory"] = memory
+        return memory
 
     def take_action(self, completion: Completion) -> ToolCall | None:
         """Record an action; end the episode on an answer or a fault, else return the call."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memsearcher.agent.base import ACTION_STOP, MEMORY_STOP, Episode
-from memsearcher.agent.parsing import ParseFailure, parse_memory
 from memsearcher.agent.prompts import format_hits, format_tools, question_text
 from memsearcher.llm.base import Completion
 from memsearcher.types import Hit
@@ -41,19 +40,10 @@ class MemSearcherEpisode(Episode[Sequence[Hit]]):
         if self.phase == "act":
             self.take_action(completion)  # sets a Search, or ends the episode
             return
-        text = self.take_generation(completion)
-        assert self.draft is not None
-        self.draft.fields["memory_text"] = text
-        memory = parse_memory(text)
-        if isinstance(memory, ParseFailure):
-            if completion.finish_reason == "length" and memory.kind == "unclosed_memory":
-                detail = f"memory exceeded its cap of {self.config.memory_tokens} tokens"
-            else:
-                detail = memory.detail
-            self.end("format_error", f"{memory.kind}: {detail}")
+        memory = self.take_memory(completion)
+        if memory is None:
             return
         self.memory = memory
-        self.draft.fields["memory"] = memory
         self.close_turn()
         self.close_sequence()
         if len(self.turns) >= self.config.max_turns:

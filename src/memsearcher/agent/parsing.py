@@ -18,6 +18,7 @@ __all__ = [
     "FinalAnswer",
     "ParseFailure",
     "ParseFailureKind",
+    "ShopStep",
     "ParsedAction",
     "ToolCall",
     "extract_boxed",
@@ -25,6 +26,7 @@ __all__ = [
     "parse_mem1_action",
     "parse_memory",
     "parse_think",
+    "parse_shop_action",
     "parse_tool_call",
 ]
 
@@ -43,6 +45,7 @@ ParseFailureKind = Literal[
     "multiple_actions",
     "unclosed_action",
     "empty_query",
+    "bad_action",
 ]
 
 
@@ -253,3 +256,33 @@ def parse_mem1_action(text: str) -> ParsedAction | ParseFailure:
     if not content:
         return ParseFailure("empty_answer", "the <answer> is empty")
     return ParsedAction(think, FinalAnswer(content))
+
+
+@dataclass(frozen=True)
+class ShopStep:
+    """A shop turn: the thought, and the action text (``search[...]`` or ``click[...]``)."""
+
+    think: str
+    action: str
+
+
+_SHOP_ACTION = re.compile(r"(?:search|click)\[.+\]", re.DOTALL | re.IGNORECASE)
+
+
+def parse_shop_action(text: str) -> ShopStep | ParseFailure:
+    """The shop's protocol: ``<think> ... </think>``, then one ``<action> search[keywords]
+    </action>`` or ``<action> click[text] </action>``. Whether the click names something on
+    the page is the environment's to say."""
+    found = _tagged(text, "think", "missing_think", "unclosed_think")
+    if isinstance(found, ParseFailure):
+        return found
+    think, end = found
+    after = text[end:]
+    if after.count("<action>") > 1:
+        return ParseFailure("multiple_actions", f"{after.count('<action>')} actions, expected 1")
+    action = _tagged(after, "action", "no_action", "unclosed_action")
+    if isinstance(action, ParseFailure):
+        return action
+    if not _SHOP_ACTION.fullmatch(action[0]):
+        return ParseFailure("bad_action", "the action is neither search[...] nor click[...]")
+    return ShopStep(think, action[0])

@@ -16,7 +16,9 @@ from memsearcher.agent.environments.base import (
     AsyncEnvironment,
     Environment,
     Observation,
+    Page,
     Search,
+    ShopAction,
 )
 from memsearcher.agent.environments.search import (
     BatchedSearch,
@@ -34,8 +36,10 @@ __all__ = [
     "DirectSearch",
     "Environment",
     "Observation",
+    "Page",
     "Search",
     "SearchEnvironment",
+    "ShopAction",
     "as_async_environment",
     "as_environment",
 ]

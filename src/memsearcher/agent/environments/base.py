@@ -59,6 +59,8 @@ class Page:
     text: str
     reward: float = 0.0
     done: bool = False
+    bought: str | None = None
+    """The id of the product bought, on the page that ends the episode at Buy Now."""
 
 
 Action = Search | ShopAction

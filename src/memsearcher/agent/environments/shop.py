@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memsearcher.agent.environments.base import ActionRefused, Environment, Page, ShopAction
 from memsearcher.agent.environments.shop_reward import shop_reward
 from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
@@ -37,6 +39,7 @@ from memsearcher.agent.environments.shop_world import (
 )
 from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
+from memsearcher.types import QAExample
 
 __all__ = [
     "BACK_TO_SEARCH",
@@ -45,8 +48,10 @@ __all__ = [
     "PREV_PAGE",
     "SEP",
     "ShopEnv",
+    "ShopEnvironment",
     "ShopSearch",
     "parse_action",
+    "instruction_example",
     "solve",
 ]
 
@@ -269,3 +274,44 @@ def solve(env: ShopEnv) -> list[str]:
         act(f"click[{value}]")
     act(f"click[{BUY_NOW}]")
     return actions
+
+
+class ShopEnvironment(Environment[ShopAction, Page]):
+    """The shop behind the environment protocol: one `ShopEnv` session per instruction id,
+    opened by the empty action (its start page), then stepped by each action. A session that
+    ended is closed, so a new episode of the same instruction starts afresh."""
+
+    def __init__(self, catalogue: Catalogue, search: ShopSearch, max_steps: int = 15) -> None:
+        self.catalogue, self.search, self.max_steps = catalogue, search, max_steps
+        self.instructions = {i.id: i for i in catalogue.instructions}
+        self.sessions: dict[str, ShopEnv] = {}
+
+    def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
+        return [self._act(action) for action in actions]
+
+    def _act(self, action: ShopAction) -> Page | ActionRefused:
+        if not action.text:
+            instruction = self.instructions.get(action.session)
+            if instruction is None:
+                return ActionRefused(f"no instruction {action.session!r} in this shop")
+            env = ShopEnv(self.catalogue, self.search, instruction, self.max_steps)
+            self.sessions[action.session] = env
+            return Page(env.reset())
+        env_or_none = self.sessions.get(action.session)
+        if env_or_none is None:
+            return ActionRefused(f"session {action.session!r} was never opened")
+        observation, reward, done, info = env_or_none.step(action.text)
+        if done:
+            del self.sessions[action.session]
+        return Page(observation, reward, done, info.get("bought"))
+
+
+def instruction_example(instruction: Instruction) -> QAExample:
+    """An instruction as the task record the agents and drivers take: its text as the
+    question, its target product as the gold answer."""
+    return QAExample(
+        id=instruction.id,
+        question=instruction.text,
+        golden_answers=(instruction.goal.asin,),
+        metadata={"environment": "shop", "split": instruction.split},
+    )
