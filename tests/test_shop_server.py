@@ -14,6 +14,7 @@ import os
 import random
 import sys
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -76,15 +77,19 @@ def test_the_oracle_buys_the_target_over_http(
         remote.close()
 
 
-def walk(rng: random.Random, available: dict[str, object], goal_words: list[str]) -> str:
-    """A random action: mostly a clickable, sometimes a search (allowed or not), sometimes
-    nonsense."""
+def walk(rng: random.Random, available: dict[str, Any], goal_words: list[str]) -> str:
+    """A random action: mostly a clickable (Next > more often, to reach later pages), sometimes
+    a search (allowed or not; the whole instruction as the query fills several pages),
+    sometimes nonsense."""
     roll = rng.random()
-    clickables = list(available["clickables"])  # type: ignore[call-overload]
+    clickables = list(available["clickables"])
     if roll < 0.08:
         return rng.choice(["click[nothing here]", "jump[3]", "search[]", "click[]", "buy"])
     if available["has_search_bar"] or roll < 0.15 or not clickables:
-        return f"search[{' '.join(rng.sample(goal_words, k=min(3, len(goal_words))))}]"
+        words = goal_words if rng.random() < 0.5 else rng.sample(goal_words, k=3)
+        return f"search[{' '.join(words)}]"
+    if "next >" in clickables and roll < 0.5:
+        return "click[next >]"
     return f"click[{rng.choice(clickables)}]"
 
 
@@ -95,12 +100,15 @@ def test_pages_over_http_equal_shopenv_step_for_step(
     same clickables, the same rewards and refusals, except the page after Buy Now (the done
     page over HTTP, the item page in ShopEnv: documented)."""
     rng = random.Random(0)
+    covered: set[str] = set()
     for index, instruction in enumerate(catalogue.split("test")):
         words = instruction.text.replace(",", "").split()
         for walk_number in range(3):
             env, remote = local(catalogue, search, index), WebShopHTTPEnv(server, index)
             assert remote.reset() == env.reset()
-            script = solve(local(catalogue, search, index)) if walk_number == 0 else []
+            # the oracle, then a tour of the result pages (Next > where there is one), then chance
+            tour = [f"search[{' '.join(words)}]", "click[next >]", "click[< prev]"]
+            script = [solve(local(catalogue, search, index)), tour, []][walk_number]
             for step in range(env.max_steps + 1):
                 assert remote.available_actions() == env.available_actions()
                 action = (
@@ -113,6 +121,7 @@ def test_pages_over_http_equal_shopenv_step_for_step(
                 assert (remote_reward, remote_done) == (reward, done), (index, action)
                 assert remote_info["valid"] == info["valid"]
                 assert remote_info.get("bought") == info.get("bought")
+                covered.add(what(action, info, reward, env))
                 if "bought" not in info:
                     assert got == seen, (index, step, action)
                 else:
@@ -121,6 +130,25 @@ def test_pages_over_http_equal_shopenv_step_for_step(
                 if done:
                     break
             remote.close()
+    # the walks went everywhere: paging both ways, products, options, refusals, bad buys
+    assert covered >= {
+        "search", "next >", "< prev", "back to search", "product", "option", "refused",
+        "bought 1.0", "bought partly", "truncated",
+    }, covered  # fmt: skip
+
+
+def what(action: str, info: dict[str, object], reward: float, env: ShopEnv) -> str:
+    """What kind of step ``action`` was, for the coverage check."""
+    if not info["valid"]:
+        return "refused"
+    if "bought" in info:
+        return "bought 1.0" if reward == 1.0 else "bought partly"
+    if info.get("truncated"):
+        return "truncated"
+    kind, argument = action[:-1].split("[", 1)
+    if kind == "search" or argument in ("next >", "< prev", "back to search"):
+        return kind if kind == "search" else argument
+    return "product" if argument.upper() in env.products else "option"
 
 
 def test_bad_sessions_raise_a_clear_error(server: str, catalogue: Catalogue) -> None:

@@ -252,7 +252,8 @@ class ShopEnv:
             over = invalid_observation(EPISODE_OVER, self.observation())
             return over, 0.0, True, {"valid": False}
         self.steps += 1
-        reward, info = 0.0, {}
+        info: dict[str, Any] = {}
+        reward = 0.0
         parsed, error = check_action(action, self.available_actions())
         if parsed is not None and parsed[0] == "search":
             self.state = PageState("results", parsed[1], self.search.search(parsed[1]))

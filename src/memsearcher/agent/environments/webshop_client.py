@@ -216,7 +216,8 @@ class WebShopHTTPEnv:
             over = invalid_observation(EPISODE_OVER, self.observation())
             return over, 0.0, True, {"valid": False}
         self.steps += 1
-        reward, info = 0.0, {}
+        info: dict[str, Any] = {}
+        reward = 0.0
         parsed, error = check_action(action, self.available_actions())
         try:
             if parsed is not None and parsed[0] == "search":
