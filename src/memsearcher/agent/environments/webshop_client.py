@@ -46,13 +46,14 @@ import json
 import logging
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin
-
-import httpx
 
 from memsearcher.agent.environments.shop import EPISODE_OVER, SEP, check_action, invalid_observation
 from memsearcher.errors import MemSearcherError
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Clickable", "WebPage", "WebShopHTTPEnv", "read_page"]
 
@@ -172,6 +173,13 @@ class WebShopHTTPEnv:
         self.base_url = base_url.rstrip("/")
         self.session = f"fixed_{session}" if isinstance(session, int) else session
         self.max_steps = max_steps
+        try:
+            import httpx
+        except ImportError as error:  # httpx comes with the server extra; say how to get it
+            raise MemSearcherError(
+                f"WebShopHTTPEnv needs httpx ({error}): pip install 'memsearcher[server]'"
+            ) from None
+        self._httpx = httpx
         self.http = client or httpx.Client(timeout=timeout, follow_redirects=True)
         self.page = WebPage(self.base_url)
         self.instruction_text = ""
@@ -254,7 +262,7 @@ class WebShopHTTPEnv:
                 response = self.http.post(clickable.url, data=form)
             else:
                 response = self.http.get(clickable.url, params=form or None)
-        except httpx.HTTPError as error:
+        except self._httpx.HTTPError as error:
             raise MemSearcherError(
                 f"cannot reach the WebShop server at {clickable.url}: {error}"
             ) from None
