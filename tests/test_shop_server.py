@@ -106,8 +106,10 @@ def test_pages_over_http_equal_shopenv_step_for_step(
         for walk_number in range(3):
             env, remote = local(catalogue, search, index), WebShopHTTPEnv(server, index)
             assert remote.reset() == env.reset()
-            # the oracle, then a tour of the result pages (Next > where there is one), then chance
+            # the oracle; a tour of the result pages (Next > where there is one) and a query with
+            # characters a URL must escape; chance
             tour = [f"search[{' '.join(words)}]", "click[next >]", "click[< prev]"]
+            tour += ["click[back to search]", f"search[{'/'.join(words[3:6])}?#%]"]
             script = [solve(local(catalogue, search, index)), tour, []][walk_number]
             for step in range(env.max_steps + 1):
                 assert remote.available_actions() == env.available_actions()

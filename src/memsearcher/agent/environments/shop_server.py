@@ -201,7 +201,9 @@ def create_app(
                 raise fastapi.HTTPException(413, f"a search form is at most {MAX_FORM_BYTES} bytes")
             form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
             if form.get("search_query"):
-                query = form["search_query"][0].lower()
+                # a path segment cannot hold "/" (the router decodes %2F first); the index
+                # tokenizes on it anyway, so the results are the same
+                query = form["search_query"][0].lower().replace("/", " ")
                 state = PageState("results", query)
                 # 303: the browser GETs the results, as Flask's redirect after a POST form
                 return RedirectResponse(page_url(session_id, state), status_code=303)
