@@ -200,6 +200,8 @@ def test_a_page_the_server_refuses_is_an_invalid_step(server: str) -> None:
     [
         ("/search_results/fixed_0/%5B1%5D/1", 422),  # keywords not strings
         ("/search_results/fixed_0/%5B%27a%27/1", 422),  # not a literal
+        ("/search_results/fixed_0/%5B%28%27a%27%2C%29%5D/1", 422),  # [('a',)]
+        ("/item_page/fixed_0/B0SSIHY3PJ/cotton/1/%7B1%3A%20%27m%27%7D", 422),  # {1: 'm'}
         ("/search_results/fixed_0/cotton/0", 422),  # no page 0
         ("/item_page/fixed_0/B0NOTHERE/cotton/1/%7B%7D", 404),
         ("/done/fixed_0/B0NOTHERE/%7B%7D", 404),

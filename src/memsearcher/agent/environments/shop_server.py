@@ -33,7 +33,7 @@ import ast
 import html
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, quote
 
@@ -43,6 +43,7 @@ from memsearcher.agent.environments.shop_world import (
     SPLITS,
     Catalogue,
     Instruction,
+    Product,
     ShopConfig,
     generate_catalogue,
 )
@@ -79,7 +80,9 @@ def page_url(session: str, state: PageState) -> str:
     return f"/done/{session}/{state.asin}/{options}"
 
 
-def page_html(session: str, state: PageState, products: Any, instruction: str) -> str:
+def page_html(
+    session: str, state: PageState, products: Mapping[str, Product], instruction: str
+) -> str:
     """The page ``state`` shows, as HTML in the structure of WebShop's templates."""
     body: list[str] = []
     for element in page_elements(state, products, instruction):
@@ -89,7 +92,7 @@ def page_html(session: str, state: PageState, products: Any, instruction: str) -
             body.append(f'<div id="instruction-text"><h4>Instruction:<br>{text}</h4></div>')
         elif element.kind == "search":
             body.append(
-                f'<form method="post" action="/{html.escape(session)}">'
+                f'<form method="post" action="{html.escape(page_url(session, PageState()))}">'
                 '<input id="search_input" type="text" name="search_query" required>'
                 f'<button class="btn btn-success" type="submit">{text}</button></form>'
             )
@@ -104,7 +107,7 @@ def page_html(session: str, state: PageState, products: Any, instruction: str) -
             )
         elif element.kind == "radio":
             name = html.escape(element.name)
-            radio = f"radio_{name}_{text}"
+            radio = f"radio_{name}_{text}".replace(" ", "_")
             body.append(
                 f'<input type="radio" id="{radio}" name="{name}" value="{text}" data-url="{url}">'
                 f'<label for="{radio}">{text}</label>'
@@ -137,14 +140,10 @@ def _literal(text: str, kind: type, what: str) -> Any:
         value = ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         value = None
-    strings = list(value.items()) if isinstance(value, dict) else value
-    if not isinstance(value, kind) or not all(isinstance(s, str) for s in _flat(strings)):
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    if not isinstance(value, kind) or not all(isinstance(item, str) for item in items):
         raise fastapi.HTTPException(422, f"{what} must be a {kind.__name__} literal of strings")
     return value
-
-
-def _flat(values: list[Any]) -> list[Any]:
-    return [v for item in values for v in (item if isinstance(item, tuple) else (item,))]
 
 
 def _keywords(text: str) -> str:
