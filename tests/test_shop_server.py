@@ -165,7 +165,11 @@ def test_bad_sessions_raise_a_clear_error(server: str, catalogue: Catalogue) -> 
 
 
 def test_bad_actions_show_the_page_again(server: str) -> None:
-    remote = WebShopHTTPEnv(server, 0, max_steps=6)
+    with WebShopHTTPEnv(server, 0, max_steps=6) as remote:
+        check_refusals(remote)
+
+
+def check_refusals(remote: WebShopHTTPEnv) -> None:
     start = remote.reset()
     for action in ("click[buy now]", "jump[x]", "search[]"):
         observation, reward, done, info = remote.step(action)

@@ -160,7 +160,9 @@ def read_page(html: str, url: str) -> WebPage:
 
 class WebShopHTTPEnv:
     """One episode on a WebShop server at ``base_url``, in session ``session`` (``fixed_<i>``,
-    or ``i``): ``reset()``, then ``step(action)`` until done; the API of ``ShopEnv``."""
+    or ``i``): ``reset()``, then ``step(action)`` until done; the API of ``ShopEnv``. A
+    ``client`` passed in must follow redirects (a search is answered with one); a ``with``
+    block closes the env's connections."""
 
     def __init__(
         self,
@@ -188,6 +190,12 @@ class WebShopHTTPEnv:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> WebShopHTTPEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(self) -> str:
         """Open the session's search page; returns its text. Raises ``MemSearcherError`` when
