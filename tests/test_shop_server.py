@@ -23,8 +23,8 @@ from _servers import free_port, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memsearcher.agent.environments import Catalogue, ShopConfig, ShopEnv, ShopSearch, generate_catalogue, solve
-from memsearcher.agent.environments.shop import SEP
+from memsearcher.agent.environments.shop import SEP, ShopEnv, ShopSearch, solve
+from memsearcher.agent.environments.shop_world import Catalogue, ShopConfig, generate_catalogue
 from memsearcher.agent.environments.webshop_client import WebShopHTTPEnv, read_page
 from memsearcher.errors import MemSearcherError
 
@@ -46,7 +46,13 @@ def search(catalogue: Catalogue) -> ShopSearch:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("log") / "shop.log"
-    command = [sys.executable, "-m", "memsearcher.agent.environments.shop_server", "--seed", str(SEED)]
+    command = [
+        sys.executable,
+        "-m",
+        "memsearcher.agent.environments.shop_server",
+        "--seed",
+        str(SEED),
+    ]
     command += ["--families-per-category", str(FAMILIES), "--split", "test", "--port", str(port)]
     with running(command, f"http://127.0.0.1:{port}/fixed_0", log, dict(os.environ), 120):
         yield f"http://127.0.0.1:{port}"

@@ -236,7 +236,8 @@ def create_app(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m memsearcher.agent.environments.shop_server``: serve a generated shop until interrupted."""
+    """``python -m memsearcher.agent.environments.shop_server``: serve a generated shop until
+    interrupted."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="the shop's seed (ShopConfig.seed)")
     parser.add_argument("--families-per-category", type=int, default=8)

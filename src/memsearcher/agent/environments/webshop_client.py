@@ -1,8 +1,8 @@
 """A shop over HTTP: ``WebShopHTTPEnv`` acts on a WebShop server and reads its pages as text.
 
-The server is either this project's shop (``python -m memsearcher.agent.environments.shop_server``) or
-princeton-nlp's WebShop, run by the user (``web_agent_site/app.py``, port 3000). The env is a
-small browser, as WebShop's own ``WebAgentSiteEnv`` (``web_agent_site_env.py``) drives selenium:
+The server is either this project's shop (``shop_server``) or princeton-nlp's WebShop, run by
+the user (``web_agent_site/app.py``, port 3000). The env is a small browser, as WebShop's own
+``WebAgentSiteEnv`` (``web_agent_site_env.py``) drives selenium:
 
 - ``search[kw]`` fills ``input#search_input`` and submits its form (POST; the server
   redirects to the results);
