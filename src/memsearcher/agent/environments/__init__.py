@@ -5,7 +5,9 @@
   catalogue and its instructions are generated from a seed (``shop_world``); an episode is one
   instruction, acted on with WebShop's ``search[...]`` and ``click[...]`` over its text pages,
   and rewarded at Buy Now by WebShop's formula (``shop_reward``). Import it from
-  ``memsearcher.agent.environments.shop``.
+  ``memsearcher.agent.environments.shop``. ``shop_server`` serves it over WebShop's HTTP
+  protocol, and ``webshop_client.WebShopHTTPEnv`` acts on such a server (ours or
+  princeton-nlp's) with ``ShopEnv``'s API (docs/environments.md).
 """
 
 from __future__ import annotations

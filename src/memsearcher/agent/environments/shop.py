@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,15 @@ __all__ = [
     "NEXT_PAGE",
     "PREV_PAGE",
     "SEP",
+    "Element",
+    "PageState",
     "ShopEnv",
     "ShopEnvironment",
     "ShopSearch",
+    "available_actions",
+    "check_action",
+    "invalid_observation",
+    "page_elements",
     "parse_action",
     "instruction_example",
     "solve",
@@ -97,15 +103,109 @@ class ShopSearch:
 
 
 @dataclass
-class _State:
+class PageState:
+    """Where a shopper is: which page, and what it shows."""
+
     page: str = "search"
-    """Which page is shown: search, results or item."""
+    """search, results or item; "done" only as where Buy Now leads."""
     query: str = ""
     results: list[str] = field(default_factory=list)
     page_number: int = 1
     asin: str | None = None
     options: dict[str, str] = field(default_factory=dict)
     """Option name -> value clicked on the current item page."""
+
+
+@dataclass(frozen=True)
+class Element:
+    """One thing a page shows, in page order: the one definition of the pages, which the text
+    mode (``ShopEnv``) and the HTML (``shop_server``) are both rendered from.
+
+    ``kind`` is ``text``, ``instruction``, ``search`` (the search box and its button),
+    ``button``, ``link`` (a product id) or ``radio`` (an option value; ``name`` is its option).
+    A clickable's ``goto`` is the state its click leads to."""
+
+    kind: str
+    text: str
+    goto: PageState | None = None
+    name: str = ""
+
+    @property
+    def texts(self) -> list[str]:
+        """Its visible strings, as WebShop's text mode reads them off the HTML."""
+        return ["Instruction:", self.text] if self.kind == "instruction" else [self.text]
+
+
+def page_elements(
+    state: PageState, products: Mapping[str, Product], instruction: str
+) -> list[Element]:
+    """The page ``state`` shows, laid out as WebShop's templates lay it out."""
+    head = Element("instruction", instruction)
+    if state.page == "search":
+        return [Element("text", "WebShop"), head, Element("search", "Search")]
+    back = Element("button", BACK_TO_SEARCH, PageState())
+    if state.page == "results":
+        number, total = state.page_number, len(state.results)
+        elements = [head, back, Element("text", f"Page {number} (Total results: {total})")]
+        if number > 1:
+            elements.append(Element("button", PREV_PAGE, replace(state, page_number=number - 1)))
+        if number * PRODUCT_WINDOW < total:
+            elements.append(Element("button", NEXT_PAGE, replace(state, page_number=number + 1)))
+        start = (number - 1) * PRODUCT_WINDOW
+        for asin in state.results[start : start + PRODUCT_WINDOW]:
+            product = products[asin]
+            item = replace(state, page="item", asin=asin, options={})
+            elements.append(Element("link", asin, item))
+            elements += [Element("text", product.title), Element("text", f"${product.price:.2f}")]
+        return elements
+    assert state.asin is not None
+    product = products[state.asin]
+    prev = replace(state, page="results", asin=None, options={})
+    elements = [head, back, Element("button", PREV_PAGE, prev)]
+    for name, values in product.options.items():
+        elements.append(Element("text", name))
+        for value in values:
+            chosen = replace(state, options={**state.options, name: value})
+            elements.append(Element("radio", value, chosen, name))
+    elements += [Element("text", product.title), Element("text", f"Price: ${product.price:.2f}")]
+    elements.append(Element("button", BUY_NOW, replace(state, page="done")))
+    return elements
+
+
+def available_actions(elements: list[Element]) -> dict[str, Any]:
+    """WebShop's ``get_available_actions`` of a page: whether ``search[...]`` is possible, and
+    the lower-cased texts that ``click[...]`` accepts."""
+    return {
+        "has_search_bar": any(e.kind == "search" for e in elements),
+        "clickables": [e.text.lower() for e in elements if e.goto is not None],
+    }
+
+
+def check_action(
+    action: str, available: Mapping[str, Any]
+) -> tuple[tuple[str, str] | None, str | None]:
+    """``(parsed action, None)`` when ``action`` can be taken on a page that offers
+    ``available``; ``(None, why not)`` otherwise. Both environments ask this, so they refuse
+    the same actions with the same words."""
+    parsed = parse_action(action)
+    if parsed is None:
+        return None, "write search[keywords] or click[one of the clickables]"
+    kind, argument = parsed
+    if kind == "search" and not available["has_search_bar"]:
+        return None, "search is only on the search page; click[back to search] first"
+    if kind == "search" and not argument:
+        return None, "search[...] needs keywords"
+    if kind == "click" and argument not in available["clickables"]:
+        return None, f"{argument!r} is not a clickable on this page"
+    return parsed, None
+
+
+def invalid_observation(why: str, page: str) -> str:
+    """What an invalid action shows: the reason, then the page again."""
+    return f"Invalid action: {why}.{SEP}{page}"
+
+
+EPISODE_OVER = "the episode is over"
 
 
 class ShopEnv:
@@ -122,7 +222,7 @@ class ShopEnv:
         self.search = search
         self.instruction = instruction
         self.max_steps = max_steps
-        self.state = _State()
+        self.state = PageState()
         self.steps = 0
         self.done = False
 
@@ -132,31 +232,16 @@ class ShopEnv:
 
     def reset(self) -> str:
         """Start on the search page; returns its text."""
-        self.state, self.steps, self.done = _State(), 0, False
+        self.state, self.steps, self.done = PageState(), 0, False
         return self.observation()
+
+    def elements(self) -> list[Element]:
+        return page_elements(self.state, self.products, self.instruction.text)
 
     def available_actions(self) -> dict[str, Any]:
         """WebShop's ``get_available_actions``: whether ``search[...]`` is possible, and the
         lower-cased texts that ``click[...]`` accepts."""
-        state = self.state
-        clickables: list[str] = []
-        if state.page == "results":
-            clickables.append(BACK_TO_SEARCH)
-            if state.page_number > 1:
-                clickables.append(PREV_PAGE)
-            if state.page_number * PRODUCT_WINDOW < len(state.results):
-                clickables.append(NEXT_PAGE)
-            clickables.extend(self._window())
-        elif state.page == "item":
-            assert state.asin is not None
-            clickables += [BACK_TO_SEARCH, PREV_PAGE]
-            for values in self.products[state.asin].options.values():
-                clickables.extend(values)
-            clickables.append(BUY_NOW)
-        return {
-            "has_search_bar": state.page == "search",
-            "clickables": [c.lower() for c in clickables],
-        }
+        return available_actions(self.elements())
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         """Apply ``action``; returns (observation, reward, done, info). Never raises on a bad
@@ -164,88 +249,37 @@ class ShopEnv:
         ``info`` also holds ``bought`` (the id), ``options`` and the reward's parts; at the step
         limit, ``truncated``."""
         if self.done:
-            return self._invalid("the episode is over"), 0.0, True, {"valid": False}
+            over = invalid_observation(EPISODE_OVER, self.observation())
+            return over, 0.0, True, {"valid": False}
         self.steps += 1
-        info: dict[str, Any]
-        parsed = parse_action(action)
-        error: str | None
-        reward, info = 0.0, {}
-        if parsed is None:
-            error = "write search[keywords] or click[one of the clickables]"
-        elif parsed[0] == "search":
-            error = self._search(parsed[1])
-        else:
-            error, reward, info = self._click(parsed[1])
+        info: dict[str, Any] = {}
+        reward = 0.0
+        parsed, error = check_action(action, self.available_actions())
+        if parsed is not None and parsed[0] == "search":
+            self.state = PageState("results", parsed[1], self.search.search(parsed[1]))
+        elif parsed is not None:
+            reward, info = self._click(parsed[1])
         if not self.done and self.steps >= self.max_steps:
             self.done = True
             info["truncated"] = True
-        observation = self.observation() if error is None else self._invalid(error)
+        observation = self.observation()
+        if error is not None:
+            observation = invalid_observation(error, observation)
         return observation, reward, self.done, {"valid": error is None, **info}
 
     def observation(self) -> str:
         """The current page in WebShop's ``text`` mode."""
-        state = self.state
-        head = ["Instruction:", self.instruction.text]
-        if state.page == "search":
-            return SEP.join(["WebShop", *head, "Search"])
-        if state.page == "results":
-            texts = [*head, BACK_TO_SEARCH]
-            texts.append(f"Page {state.page_number} (Total results: {len(state.results)})")
-            clickables = self.available_actions()["clickables"]
-            texts += [b for b in (PREV_PAGE, NEXT_PAGE) if b.lower() in clickables]
-            for asin in self._window():
-                product = self.products[asin]
-                texts += [asin, product.title, f"${product.price:.2f}"]
-            return SEP.join(texts)
-        assert state.asin is not None
-        product = self.products[state.asin]
-        texts = [*head, BACK_TO_SEARCH, PREV_PAGE]
-        for name, values in product.options.items():
-            texts += [name, *values]
-        texts += [product.title, f"Price: ${product.price:.2f}", BUY_NOW]
-        return SEP.join(texts)
+        return SEP.join(text for element in self.elements() for text in element.texts)
 
-    def _window(self) -> list[str]:
-        start = (self.state.page_number - 1) * PRODUCT_WINDOW
-        return self.state.results[start : start + PRODUCT_WINDOW]
-
-    def _invalid(self, why: str) -> str:
-        return f"Invalid action: {why}.{SEP}{self.observation()}"
-
-    def _search(self, query: str) -> str | None:
-        if self.state.page != "search":
-            return "search is only on the search page; click[back to search] first"
-        if not query:
-            return "search[...] needs keywords"
-        self.state = _State("results", query, self.search.search(query))
-        return None
-
-    def _click(self, target: str) -> tuple[str | None, float, dict[str, Any]]:
-        state = self.state
-        if target not in self.available_actions()["clickables"]:
-            return f"{target!r} is not a clickable on this page", 0.0, {}
-        if target == BACK_TO_SEARCH.lower():
-            self.state = _State()
-        elif target == NEXT_PAGE.lower():
-            state.page_number += 1
-        elif target == PREV_PAGE.lower():
-            if state.page == "item":
-                state.page, state.asin, state.options = "results", None, {}
-            else:
-                state.page_number -= 1
-        elif target == BUY_NOW.lower():
-            assert state.asin is not None
-            reward, parts = shop_reward(self.products[state.asin], state.options, self.goal)
-            self.done = True
-            return None, reward, {"bought": state.asin, "options": dict(state.options), **parts}
-        elif state.page == "results":
-            state.page, state.asin, state.options = "item", target.upper(), {}
-        else:
-            assert state.asin is not None
-            for name, values in self.products[state.asin].options.items():
-                if target in values:
-                    state.options[name] = target
-        return None, 0.0, {}
+    def _click(self, target: str) -> tuple[float, dict[str, Any]]:
+        goto = {e.text.lower(): e.goto for e in self.elements() if e.goto is not None}[target]
+        if goto.page != "done":
+            self.state = goto
+            return 0.0, {}
+        assert goto.asin is not None
+        reward, parts = shop_reward(self.products[goto.asin], goto.options, self.goal)
+        self.done = True  # the page stays the item page: the episode is over
+        return reward, {"bought": goto.asin, "options": dict(goto.options), **parts}
 
 
 def solve(env: ShopEnv) -> list[str]:
