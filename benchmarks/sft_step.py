@@ -86,10 +86,14 @@ def trainable(data: Path) -> list[TokenSequence]:
 
 
 def step_batches(
-    sequences: list[TokenSequence], step: int, pad_id: int, seed: int, one_batch: bool
+    sequences: list[TokenSequence],
+    step: int,
+    pad_id: int,
+    seed: int,
+    one_batch: bool,
+    per_step: int = DEMO.sft_sequences_per_step,
 ) -> list[MicroBatch]:
     """Step ``step``'s micro-batches as `train_sft` plans them, or its draw as one batch."""
-    per_step = DEMO.sft_sequences_per_step
     chosen = draw(len(sequences), (step - 1) * per_step, per_step, seed)
     if one_batch:
         return [collate(sequences, chosen, pad_id)]
@@ -169,13 +173,12 @@ def trainer_seconds(
 ) -> Callable[[], float]:
     """A `train_sft` run at the demo's settings with ``fields`` of its ModelConfig; returns
     a function that runs it again into a fresh folder and returns its median time/step."""
-    runs = iter(range(10**6))
 
     def run() -> float:
         config = sft_config(replace(DEMO, sft_steps=steps), data, model, work, seed)
         config = replace(
             config,
-            output_dir=str(work / f"run-{next(runs)}"),
+            output_dir=tempfile.mkdtemp(prefix="sft-", dir=work),
             model=ModelConfig(path=str(model), device="cpu", **fields),
         )
         train_sft(config)
@@ -185,16 +188,18 @@ def trainer_seconds(
     return run
 
 
-def step_seconds(learner: Learner, draws: list[list[MicroBatch]]) -> Callable[[], float]:
+def step_seconds(
+    learner: Learner, draws: list[list[MicroBatch]], per: float = 1.0
+) -> Callable[[], float]:
     """A function that steps ``learner`` on the next of ``draws`` (cycling) and returns the
-    seconds it took."""
+    seconds it took, divided by ``per``."""
     turn = iter(range(10**9))
 
     def run() -> float:
         batches = draws[next(turn) % len(draws)]
         start = time.perf_counter()
         learner.step(batches)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / per
 
     return run
 
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         "--variants",
         default="trainer,step,bf16,threads,copy",
         help="comma-separated, of: trainer (train_sft itself), step (fp32, buckets or one batch), "
-        "bf16, threads, compile, copy (the copy warm-up)",
+        "bf16, threads, compile, larger (64 sequences a step), copy (the copy warm-up)",
     )
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--profile", action="store_true")
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         report("train_sft at the demo's settings", side_by_side(trainer, args.repeats), tokens)
 
-    if variants_wanted & {"step", "bf16", "threads", "compile"}:
+    if variants_wanted & {"step", "bf16", "threads", "compile", "larger"}:
         learners = {
             "fp32, buckets (the trainer)": (Learner(base, None, False), bucketed),
             "fp32, one padded batch": (Learner(base, None, False), padded),
@@ -378,6 +383,13 @@ def main(argv: list[str] | None = None) -> None:
                 learner.step(batches)
             print(f"warm-up of {name}: {time.perf_counter() - start:.1f} s for {len(draws)} steps")
         variants = {name: step_seconds(*pair) for name, pair in learners.items()}
+        if "larger" in variants_wanted:  # fewer, larger steps: the same sequences' seconds
+            per_step = 2 * DEMO.sft_sequences_per_step
+            draws = [step_batches(sequences, s, pad_id, args.seed, False, per_step) for s in steps]
+            learner = Learner(base, None, False)
+            learner.step(draws[0])
+            name = f"fp32, buckets, {per_step} sequences a step (s per 32)"
+            variants[name] = step_seconds(learner, draws, per_step / DEMO.sft_sequences_per_step)
         if "threads" in variants_wanted:
             for name in ("fp32, buckets (the trainer)", "fp32, one padded batch"):
                 run = step_seconds(*learners[name])
