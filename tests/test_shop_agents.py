@@ -80,7 +80,7 @@ def test_every_test_instruction_is_bought_right_by_each_agent(
     assert len(trajectories) == len(shop["test"]) > 0
     for trajectory, instruction in zip(trajectories, shop["test"], strict=True):
         assert trajectory.end_reason == "answer", trajectory.error
-        assert trajectory.reward == 1.0 and trajectory.answer == instruction.goal.asin
+        assert trajectory.environment_reward == 1.0 and trajectory.answer == instruction.goal.asin
         plan = shop["plans"][instruction.text]
         actions = [parse_shop_action(t.action_text) for t in trajectory.turns]
         assert [a.action for a in actions if not isinstance(a, Exception)] == plan

@@ -112,9 +112,10 @@ class Trajectory:
     end_reason: EndReason
     answer: str | None = None
     error: str | None = None
-    reward: float | None = None
+    environment_reward: float | None = None
     """The environment's reward at the end (the shop's, at Buy Now); None where the answer is
-    scored against the gold answers (search QA)."""
+    scored against the gold answers (search QA). Not the trainer's reward, which a reward
+    function reads off the trajectory (``rl.rewards``) and samples files store as ``reward``."""
 
     @property
     def well_formed(self) -> bool:
@@ -157,5 +158,5 @@ class Trajectory:
             end_reason=data["end_reason"],
             answer=data.get("answer"),
             error=data.get("error"),
-            reward=data.get("reward"),
+            environment_reward=data.get("environment_reward"),
         )

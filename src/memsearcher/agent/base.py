@@ -125,7 +125,7 @@ class Episode(ABC, Generic[ObservationT]):
         self.end_reason: EndReason | None = None
         self.answer: str | None = None
         self.error: str | None = None
-        self.reward: float | None = None
+        self.environment_reward: float | None = None
         """The environment's reward at the end, where it gives one (the shop)."""
         self.begin()
 
@@ -163,7 +163,7 @@ class Episode(ABC, Generic[ObservationT]):
             end_reason=self.end_reason,
             answer=self.answer,
             error=self.error,
-            reward=self.reward,
+            environment_reward=self.environment_reward,
         )
 
     # -- helpers for the agents ---------------------------------------------------------------

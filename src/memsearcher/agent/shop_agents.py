@@ -6,9 +6,9 @@ search[keywords] </action>`` or ``<action> click[text] </action>``, and the envi
 with the next page in WebShop's text mode. Pages are the environment's text: loss mask 0, as
 search results are. The episode opens by asking the environment for the instruction's start
 page, and ends when the environment says so: at Buy Now, with WebShop's reward (on the
-trajectory as ``reward``, the bought product's id as its ``answer``), or at the shop's step
-limit (reward 0, ``max_turns``); or as any episode ends, on a format error, the turn limit or
-the context limit.
+trajectory as ``environment_reward``, the bought product's id as its ``answer``), or at the
+shop's step limit (reward 0, ``max_turns``); or as any episode ends, on a format error, the
+turn limit or the context limit.
 
 - **MemSearcher**: turn t sees the current page and its memory; after its action the next page
   comes back, and it rewrites the memory. Turn t+1 starts afresh from that page and memory, so
@@ -146,7 +146,7 @@ class ShopEpisode(Episode[Page]):
         self.pending = ShopAction(self.example.id, step.action)
 
     def finish(self, page: Page) -> None:
-        self.reward = page.reward
+        self.environment_reward = page.reward
         if page.bought is not None:
             self.answer = page.bought
             self.end("answer")
