@@ -21,6 +21,7 @@ turn limit or the context limit.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,13 +121,13 @@ class ShopEpisode(Episode[Page]):
         else:
             self.next_page(page.text)
 
+    @abstractmethod
     def start(self, page: str) -> None:
         """Build the first context from the start page and ask for the first action."""
-        raise NotImplementedError
 
+    @abstractmethod
     def next_page(self, page: str) -> None:
         """Take the page the pending action brought (the episode goes on)."""
-        raise NotImplementedError
 
     def act(self, completion: Completion) -> None:
         """Record the model's action and send it to the shop, or end the episode on a fault."""
