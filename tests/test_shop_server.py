@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from _servers import free_port, running
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from memsearcher.agent.environments.shop import SEP, ShopEnv, ShopSearch, solve
@@ -239,6 +239,7 @@ _segment = st.text(st.characters(codec="utf-8", exclude_characters="/?#"), max_s
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(keywords=_segment, page=_segment, options=_segment)
+@example(keywords="a", page="\u00b9", options="{}")  # "¹".isdigit() holds, int("¹") raises
 def test_fuzzed_urls_never_500(server: str, keywords: str, page: str, options: str) -> None:
     keywords, page, options = (quote(s, safe="") for s in (keywords, page, options))
     for path in (

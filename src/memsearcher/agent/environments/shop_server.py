@@ -154,7 +154,7 @@ def _keywords(text: str) -> str:
 
 
 def _page(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 10_000:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 10_000:
         raise fastapi.HTTPException(422, f"page must be a number from 1, got {text[:40]!r}")
     return int(text)
 
