@@ -52,7 +52,7 @@ SFT_THRESHOLD = 0.3
 """Teacher-forced top-token accuracy on the name tokens (2,196 for seed 0) of the ideal agent's
 test trajectories after ``SFT_STEPS`` updates on two renamed copies. Measured over seeds 0-4:
 0.433, 0.348, 0.432, 0.422, 0.417 (`benchmarks/learning_margins.py`). The demo's fact
-warm-up and 900 updates on six copies reach 0.983 and 0.954 for seeds 0 and 1 (docs/demo.md).
+warm-up and 900 updates on six copies reach 0.980 and 0.957 for seeds 0 and 1 (docs/demo.md).
 The warm-up here leaves out the demo's fact lookups, to keep the test short."""
 
 
