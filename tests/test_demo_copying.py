@@ -19,8 +19,10 @@ from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import generate_world, rename_world, write_world
 from memsearcher.demo.copying import (
     copy_sequences,
+    copy_update,
     name_token_accuracy,
     question_lookups,
+    reply_sequence,
     warm_up_copying,
 )
 from memsearcher.demo.model import save_demo_model
@@ -50,7 +52,7 @@ SFT_THRESHOLD = 0.3
 """Teacher-forced top-token accuracy on the name tokens (2,196 for seed 0) of the ideal agent's
 test trajectories after ``SFT_STEPS`` updates on two renamed copies. Measured over seeds 0-4:
 0.433, 0.348, 0.432, 0.422, 0.417 (`benchmarks/learning_margins.py`). The demo's fact
-warm-up and 900 updates on six copies reach 0.983 and 0.954 for seeds 0 and 1 (docs/demo.md).
+warm-up and 900 updates on six copies reach 0.980 and 0.957 for seeds 0 and 1 (docs/demo.md).
 The warm-up here leaves out the demo's fact lookups, to keep the test short."""
 
 
@@ -122,3 +124,66 @@ def test_the_demo_model_copies_held_out_names_after_warm_up_and_sft(
     record_property("sft", round(correct / total, 4))
     assert total > 1000
     assert correct / total > SFT_THRESHOLD
+
+
+def test_a_warm_up_update_is_the_padded_hf_loss_in_length_buckets(tmp_path: Path) -> None:
+    """`copy_update` (the SFT trainer's buckets, the output layer on replies only) gives the
+    loss and gradient of HF's ``labels`` loss over the rows right-padded to one width, the
+    warm-up's update before it, to float rounding, also when the rows span micro-batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quick = PRESETS["quick"]
+    world = generate_world(quick.world)
+    folder = save_demo_model(
+        tmp_path / "model", tokenizer_texts(world), quick.model, 0, world.names
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    long = [(f"Fact in: {' '.join(world.names[:40])}", world.names[7])]  # as long as passages
+    lookups = [question_lookups([world]), long]
+    rows = copy_sequences(tokenizer, world.names, 12, seed=3, lookups=lookups)
+    pad = tokenizer.pad_token_id
+    width = max(len(ids) for ids, _ in rows)
+    assert min(len(ids) for ids, _ in rows) < 0.8 * width  # some rows are mostly padding
+
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+    attention = torch.arange(width)[None] < torch.tensor([len(i) for i, _ in rows])[:, None]
+    labels = torch.tensor(
+        [[t if m else -100 for t, m in zip(ids, mask, strict=True)] + [-100] * (width - len(ids))
+         for ids, mask in rows]
+    )  # fmt: skip
+    naive = model(input_ids=input_ids, attention_mask=attention.long(), labels=labels).loss
+    naive.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    sequences = [reply_sequence(ids, mask) for ids, mask in rows]
+    loss = copy_update(model, sequences, range(len(rows)), pad, token_budget=4 * width)
+    assert loss == pytest.approx(naive.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_copy_update_one_row_per_micro_batch_is_the_same_update(tmp_path: Path) -> None:
+    """A budget of one row per micro-batch changes only the number of passes: every reply
+    token still weighs 1 / (the update's reply tokens), not 1 / (its micro-batch's)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quick = PRESETS["quick"]
+    world = generate_world(quick.world)
+    folder = save_demo_model(tmp_path / "m", tokenizer_texts(world), quick.model, 0, world.names)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    long = [(f"Fact in: {' '.join(world.names[:40])}", world.names[7])]
+    rows = copy_sequences(tokenizer, world.names, 8, 4, lookups=[question_lookups([world]), long])
+    sequences = [reply_sequence(ids, mask) for ids, mask in rows]
+    pad = tokenizer.pad_token_id
+    whole = copy_update(model, sequences, range(8), pad)
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    apart = copy_update(model, sequences, range(8), pad, token_budget=1)
+    assert apart == pytest.approx(whole, rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)

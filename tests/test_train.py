@@ -196,6 +196,37 @@ def test_one_mini_batch_one_epoch_is_exactly_on_policy(
     assert "train/kl" not in metrics
 
 
+@pytest.mark.slow
+def test_the_shared_prefix_and_reused_logprobs_change_an_update_only_by_rounding(
+    tiny: Path, questions: Path, tmp_path: Path, length_reward: str
+) -> None:
+    """The demo's learner settings (`share_prefix`, `reuse_logprobs` with one update a step)
+    take the same step as computing every row whole and the old log-probs in a pass of their
+    own: the same rollouts, loss terms and weights after the update, to float rounding."""
+    runs = {}
+    for name, levers in (("plain", "false"), ("levers", "true")):
+        out = tmp_path / name
+        config = grpo_config(
+            tiny, questions, out, f"reward={length_reward}", "steps=1",
+            "mini_batch_questions=4", f"share_prefix={levers}", f"reuse_logprobs={levers}",
+        )  # fmt: skip
+        train_grpo(config)
+        (runs[name],) = read_metrics(out)
+    plain, levers = runs["plain"], runs["levers"]
+    assert levers["reward/mean"] == plain["reward/mean"]
+    assert levers["rollout/sequences"] == plain["rollout/sequences"]
+    for key in ("train/loss", "train/pg_loss", "train/kl", "train/ratio_mean"):
+        assert levers[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    start, a, b = (weights_of_model(tiny), weights(tmp_path / "plain" / "step-1"),
+                   weights(tmp_path / "levers" / "step-1"))  # fmt: skip
+    assert any(not torch.equal(start[k], a[k]) for k in a)  # the update moved the weights
+    # Adam's first step is about lr * sign(gradient): where a gradient is ~0, rounding can
+    # flip its sign, so a handful of weights differ by far less than lr (1e-3)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-4, msg=key)
+        assert ((b[key] - a[key]).abs() > 1e-6).float().mean() < 1e-3, key
+
+
 @pytest.fixture(scope="module")
 def replay_trajectories(
     tiny: Path, tmp_path_factory: pytest.TempPathFactory, retriever: Retriever

@@ -13,7 +13,7 @@ trajectories.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,18 @@ import torch
 
 from memsearcher.agent.prompts import format_hits
 from memsearcher.data.synthetic import World
+from memsearcher.rl.batching import collate, plan_micro_batches, sequence_logprobs
+from memsearcher.rl.config import OptimConfig
+from memsearcher.rl.optim import make_optimizer, make_scheduler, optimizer_step
 from memsearcher.types import TokenSequence
 
 __all__ = [
     "copy_sequences",
+    "copy_update",
     "fact_lookups",
     "name_token_accuracy",
     "question_lookups",
+    "reply_sequence",
     "warm_up_copying",
 ]
 
@@ -94,40 +99,67 @@ def warm_up_copying(
     lookups: Sequence[Sequence[tuple[str, str]]] = (),
 ) -> list[float]:
     """Train the model saved in ``folder`` for ``steps`` updates on `copy_sequences` of
-    ``names`` and ``lookups`` and save it back; returns the loss of each update."""
+    ``names`` and ``lookups`` and save it back; returns the loss of each update.
+
+    Each update is the SFT trainer's (`copy_update`, then `optimizer_step`): AdamW, clipping at
+    1, the learning rate decaying from ``lr`` to 0 on a cosine.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    data = copy_sequences(tokenizer, names, steps * batch, seed, lookups=lookups)
+    optim = OptimConfig(lr=lr, schedule="cosine")
+    optimizer = make_optimizer(model, optim)
+    scheduler = make_scheduler(optimizer, optim, steps)
+    rows = copy_sequences(tokenizer, names, steps * batch, seed, lookups=lookups)
+    sequences = [reply_sequence(ids, mask) for ids, mask in rows]
     losses = []
     for step in range(steps):
-        rows = data[step * batch : (step + 1) * batch]
-        width = max(len(ids) for ids, _ in rows)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
-        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
-        labels = torch.tensor(
-            [
-                [t if m else -100 for t, m in zip(ids, mask, strict=True)]
-                + [-100] * (width - len(ids))
-                for ids, mask in rows
-            ]
-        )
-        # cosine decay from lr to 0 over the warm-up
-        for group in optimizer.param_groups:
-            group["lr"] = lr * 0.5 * (1 + torch.cos(torch.tensor(step / steps * torch.pi)).item())
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        chosen = range(step * batch, (step + 1) * batch)
+        losses.append(copy_update(model, sequences, chosen, tokenizer.pad_token_id))
+        optimizer_step(model, optimizer, scheduler, optim)
     model.save_pretrained(folder)
     return losses
+
+
+def reply_sequence(ids: Sequence[int], mask: Sequence[int]) -> TokenSequence:
+    """A `copy_sequences` row as a turn sequence: the prompt up to the reply, the reply
+    trained."""
+    start = list(mask).index(1)
+    return TokenSequence(tuple(ids[:start]), tuple(ids[start:]), tuple(mask[start:]))
+
+
+def copy_update(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    chosen: Iterable[int],
+    pad_id: int,
+    token_budget: int = 16384,
+) -> float:
+    """Backpropagate the mean negative log-likelihood of the reply tokens of ``chosen``, as
+    the SFT trainer does (length buckets of at most ``token_budget`` padded tokens, the output
+    layer on reply tokens only); returns that mean.
+
+    The same loss as HF's ``labels`` loss over the rows padded to one width, which the warm-up
+    used before: that padded the short name rows to the longest fact row (2.2x the tokens) and
+    computed (V,)-wide logits at every position (`benchmarks/sft_step.py`).
+    """
+    chosen = list(chosen)
+    lengths = {i: len(sequences[i].input_ids) for i in chosen}
+    plans = plan_micro_batches(
+        [lengths.get(i, 0) for i in range(len(sequences))], token_budget, [[i] for i in chosen]
+    )
+    batches = [collate(sequences, plan, pad_id) for plan in plans]
+    tokens = sum(float(b.loss_mask.sum()) for b in batches)
+    nll = 0.0
+    for batch in batches:
+        logprobs = sequence_logprobs(model, batch)  # (B, R)
+        loss = -(logprobs * batch.loss_mask).sum() / tokens
+        loss.backward()
+        nll += float(loss.detach())
+    return nll
 
 
 @torch.no_grad()

@@ -347,6 +347,8 @@ def grpo_config(
         questions_per_step=config.grpo_questions_per_step,
         mini_batch_questions=config.grpo_questions_per_step,
         group_size=config.group_size,
+        share_prefix=True,
+        reuse_logprobs=True,
         temperature=config.temperature,
         beta=config.grpo_beta,
         save_every=config.grpo_steps,
