@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memsearcher.rl.rewards import REWARDS, get_reward, graded_reward, trajectory_reward
+from memsearcher.rl.rewards import (
+    REWARDS,
+    environment_reward,
+    get_reward,
+    graded_reward,
+    trajectory_reward,
+)
 from memsearcher.types import EndReason, QAExample, Trajectory
 
 
@@ -95,14 +103,14 @@ def test_em_and_f1_variants(trajectory: Trajectory, em: float, f1: float) -> Non
 
 
 def test_registry() -> None:
-    assert set(REWARDS) == {"graded", "em", "f1", "multi-em", "multi-f1"}
+    assert set(REWARDS) == {"graded", "em", "f1", "multi-em", "multi-f1", "environment"}
     assert get_reward("graded") is trajectory_reward
     for name, fn in REWARDS.items():
         assert get_reward(name) is fn
 
 
 def test_unknown_reward_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match="'nope'.*em, f1, graded"):
+    with pytest.raises(ValueError, match="'nope'.*em, environment, f1, graded"):
         get_reward("nope")
 
 
@@ -111,3 +119,12 @@ def test_graded_reward_range(prediction: str, golds: list[str]) -> None:
     reward = graded_reward(prediction, golds, well_formed=True)
     assert 0.0 < reward <= 1.0
     assert graded_reward(prediction, golds, well_formed=False) == 0.0
+
+
+def test_the_environment_reward_is_the_environments_and_0_where_it_gave_none() -> None:
+    bought = replace(make_trajectory("B0001"), environment_reward=0.75)
+    assert environment_reward(bought) == 0.75
+    assert environment_reward(replace(bought, environment_reward=0.0)) == 0.0
+    # a format error before Buy Now: the shop gave nothing, whatever the answer says
+    assert environment_reward(make_trajectory("Paris", end_reason="format_error")) == 0.0
+    assert get_reward("environment") is environment_reward

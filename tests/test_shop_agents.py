@@ -136,3 +136,43 @@ def test_an_unknown_agent_or_session_is_refused(shop: dict[str, Any], llm: HFMod
     assert isinstance(refused, ActionRefused)
     (never_opened,) = environment.act([ShopAction(shop["test"][0].id, "click[buy now]")])
     assert isinstance(never_opened, ActionRefused)
+
+
+def test_a_group_of_one_instruction_gets_a_session_per_episode(
+    shop: dict[str, Any], llm: HFModel
+) -> None:
+    """GRPO runs G episodes of the same instruction in one lockstep run. Each must shop in a
+    session of its own: here the first of three buys by the oracle's plan while the others
+    go back and forth between the search page and a search; in one shared session their
+    actions would land on each other's pages (a search on the results page is invalid) and
+    the buyer's Buy Now would close the browsers' session under them."""
+    instruction = shop["test"][0]
+    plan = shop["plans"][instruction.text]
+    roles = iter(["buyer", "browser", "browser"])  # the first round's prompts, in order
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        known = re.findall(r"<(?:memory|think)> (buyer|browser) step (\d+)", prompt)
+        role, done = (known[-1][0], int(known[-1][1])) if known else (next(roles), 0)
+        if "</memory>" in params.stop:
+            return f"<memory> {role} step {done + 1} </memory>"
+        if role == "buyer" and done < len(plan):
+            action = plan[done]
+        elif role == "buyer":
+            action = "click[back to search]"  # only if its Buy Now was not the last action
+        else:
+            action = "search[t-shirt]" if done % 2 == 0 else "click[back to search]"
+        return f"<think> {role} step {done} </think>\n<action> {action} </action>"
+
+    examples = [instruction_example(instruction)] * 3
+    episodes = start_shop_episodes("memsearcher", examples, llm.tokenizer, AgentConfig(8))
+    environment = ShopEnvironment(shop["catalogue"], shop["search"])
+    model = ScriptedLLM(llm.tokenizer, reply)
+    buyer, *browsers = run_lockstep(episodes, model, environment, SamplingParams())
+    assert buyer.end_reason == "answer" and buyer.environment_reward == 1.0
+    for browser in browsers:
+        assert browser.end_reason == "max_turns", browser.error  # the agent's 8 turns
+        assert len(browser.turns) == 8 and browser.environment_reward is None
+    for trajectory in (buyer, *browsers):
+        for s in trajectory.sequences:
+            pages = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if not m]
+            assert "Invalid action" not in llm.tokenizer.decode(pages)

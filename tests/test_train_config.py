@@ -225,7 +225,7 @@ def test_adamw_at_lr_1e6_moves_float32_weights_and_not_bfloat16_ones() -> None:
         ("beta=-1", "beta must be a finite number >= 0"),
         ("beta=nan", "beta must be a finite number >= 0"),
         ("agent_name=mem0", "agent_name must be one of ['mem1', 'memsearcher', 'react']"),
-        ("reward=accuracy", "reward must be one of ['em', 'f1', 'graded', 'multi-em'"),
+        ("reward=accuracy", "reward must be one of ['em', 'environment', 'f1', 'graded'"),
         ("aggregation=sum", "aggregation must be one of"),
         ("clip_low=1", "clip_low must be in [0, 1)"),
         ("clip_high=-0.2", "clip_high must be a finite number >= 0"),
@@ -275,3 +275,39 @@ def test_floats_are_not_counts_even_from_python() -> None:
 def test_a_critic_needs_no_group() -> None:
     config = load_config(GRPOConfig, PRESETS / "ppo-mem1.yaml")
     assert (config.advantage, config.group_size) == ("gae", 1)
+
+
+SHOP = ["environment=shop", "reward=environment"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["environment=web"], "environment must be one of ['search', 'shop'], got 'web'"),
+        (["environment=shop"], "reward must be environment with environment: shop"),
+        (["reward=environment"], "reward must be an answer reward with environment: search"),
+        ([*SHOP, "shop_split=dev"], "shop_split must be one of ['train', 'rl', 'test']"),
+        ([*SHOP, "data=q.jsonl"], "data must be empty with environment: shop"),
+        ([*SHOP, "retriever=http://x"], "retriever must be null with environment: shop"),
+        ([*SHOP, "templates=t.yaml"], "templates must be null with environment: shop"),
+    ],
+)
+def test_each_environment_takes_only_what_it_can_use(overrides: list[str], message: str) -> None:
+    with pytest.raises(MemSearcherError, match=re.escape(f"invalid config: {message}")):
+        load_config(GRPOConfig, None, overrides)
+
+
+def test_the_shop_section_is_checked_and_the_search_defaults_stay() -> None:
+    with pytest.raises(MemSearcherError, match="shop.options_offered must be in 1..3"):
+        load_config(GRPOConfig, None, [*SHOP, "shop.options_offered=9"])
+    shop = load_config(GRPOConfig, None, [*SHOP, "shop.seed=4", "shop_split=test"])
+    assert (shop.shop.seed, shop.shop_split, shop.agent_name) == (4, "test", "memsearcher")
+    default = GRPOConfig()
+    assert (default.environment, default.reward, default.data) == ("search", "graded", "")
+
+
+def test_every_environment_has_a_task() -> None:
+    from memsearcher.rl.config import ENVIRONMENTS
+    from memsearcher.rl.tasks import TASKS
+
+    assert set(TASKS) == set(ENVIRONMENTS)

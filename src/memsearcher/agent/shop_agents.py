@@ -22,6 +22,7 @@ turn limit or the context limit.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,13 +104,17 @@ class ShopEpisode(Episode[Page]):
         config: AgentConfig,
         shop: ShopTemplates,
         max_context_tokens: int | None,
+        session: str | None = None,
     ) -> None:
         self.shop = shop
+        self.session = example.id if session is None else session
+        """The shop session this episode acts in (`ShopAction`): its own, though other
+        episodes of the same instruction run beside it."""
         super().__init__(example, tokenizer, config, Templates(), max_context_tokens)
 
     def begin(self) -> None:
         self.page: Page | None = None
-        self.pending = ShopAction(self.example.id, "")  # the start page
+        self.pending = ShopAction(self.session, "")  # the start page
 
     def on_observation(self, page: Page) -> None:
         opened, self.page = self.page is None, page
@@ -144,7 +149,7 @@ class ShopEpisode(Episode[Page]):
         self.draft.fields["thought"] = step.think
         if step.action.lower().startswith("search["):
             self.draft.fields["query"] = step.action[len("search[") : -1].strip()
-        self.pending = ShopAction(self.example.id, step.action)
+        self.pending = ShopAction(self.session, step.action)
 
     def finish(self, page: Page) -> None:
         self.environment_reward = page.reward
@@ -287,11 +292,20 @@ def start_shop_episodes(
     max_context_tokens: int | None = None,
 ) -> list[ShopEpisode]:
     """One fresh shop episode of ``agent`` per instruction (as
-    ``environments.shop.instruction_example`` makes them); 15 turns unless ``config`` says."""
+    ``environments.shop.instruction_example`` makes them); 15 turns unless ``config`` says.
+
+    The k-th episode of an instruction shops in session ``"<id>#<k>"``, so the episodes of
+    one call (a GRPO group repeats each instruction) never share a session; episodes of two
+    calls run against one environment at once would."""
     if agent not in SHOP_AGENTS:
         raise MemSearcherError(f"unknown agent {agent!r}; choose one of {sorted(SHOP_AGENTS)}")
     shop, config = templates or ShopTemplates(), config or AgentConfig(max_turns=15)
-    return [
-        SHOP_AGENTS[agent](example, tokenizer, config, shop, max_context_tokens)
-        for example in examples
-    ]
+    seen: Counter[str] = Counter()
+    episodes = []
+    for example in examples:
+        session = f"{example.id}#{seen[example.id]}"
+        seen[example.id] += 1
+        episodes.append(
+            SHOP_AGENTS[agent](example, tokenizer, config, shop, max_context_tokens, session)
+        )
+    return episodes

@@ -46,6 +46,24 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         help="default: async for --backend openai, else lockstep",
     )
     parser.add_argument("--concurrency", type=int, default=64, help="async driver: in flight")
+    shop = parser.add_argument_group("shop (--env shop)")
+    shop.add_argument(
+        "--env",
+        choices=("search", "shop"),
+        default="search",
+        help="search: QA over a retriever (--data); shop: the generated shop's instructions "
+        "(no --data), scored by the shop's reward",
+    )
+    shop.add_argument("--shop-seed", type=int, default=0, help="the shop's seed (default: 0)")
+    shop.add_argument(
+        "--shop-families",
+        type=int,
+        default=None,
+        help="target products per category (default: the shop's own, 8)",
+    )
+    shop.add_argument(
+        "--split", choices=("train", "rl", "test"), default="test", help="default: test"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_agent_arguments(parser)
     add_model_arguments(parser)
@@ -80,6 +98,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from memsearcher.eval.run import EvalConfig, run_eval
     from memsearcher.retrieval import open_retriever
 
+    if args.env == "shop":
+        return run_shop_eval(args)
     if not args.data or not args.out:
         raise MemSearcherError("eval needs --data and --out (or: eval report DIR ...)")
     names = [n.strip() for n in args.datasets.split(",") if n.strip()] if args.datasets else None
@@ -127,6 +147,71 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from memsearcher.eval.report import format_table, rows_from_summary
 
     print(format_table(rows_from_summary(args.out, summary)))
+    print(f"predictions and summary.json in {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_shop_eval(args: argparse.Namespace) -> int:
+    """``eval --env shop``: every instruction of a split of the generated shop, in its pages,
+    into the same run folder layout (``OUT/shop-<split>/predictions.jsonl``, summary.json)."""
+    from memsearcher.agent.environments.shop import (
+        ShopEnvironment,
+        ShopSearch,
+        instruction_example,
+    )
+    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.eval.run import EvalConfig, run_eval
+
+    if not args.out:
+        raise MemSearcherError("eval --env shop needs --out")
+    given = [f"--{k}" for k in ("data", "index", "retriever", "objectives", "templates")
+             if getattr(args, k) is not None]  # fmt: skip
+    if given:
+        raise MemSearcherError(
+            f"eval --env shop takes no {', '.join(given)}: the shop brings its instructions, "
+            "search and prompts"
+        )
+    try:
+        config = EvalConfig(
+            agent=args.agent,
+            agent_config=agent_config_from(args),
+            temperature=args.temperature,
+            seed=args.seed,
+            driver=args.driver or "lockstep",
+            batch_size=args.batch_size,
+            environment="shop",
+        )
+        config.sampling  # noqa: B018  # validates the sampling settings before loading anything
+    except ValueError as error:
+        raise MemSearcherError(str(error)) from error
+    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
+    catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
+    examples = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
+    environment = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+    llm = open_llm(args)
+    info: dict[str, object] = {
+        "model": args.model,
+        "backend": args.backend,
+        "served_model": args.served_model,
+        "shop": {"seed": args.shop_seed, **sizes, "split": args.split},
+    }
+    if args.chat_template_kwargs:
+        info["chat_template_kwargs"] = args.chat_template_kwargs
+    name = f"shop-{args.split}"
+    summary = run_eval(
+        {name: examples}, llm, environment, config, args.out, None, info, not args.no_progress
+    )
+    shop = summary["datasets"][name].get("shop")
+    if shop is not None:
+        long = shop["peak_prompt_tokens_long"]
+        print(
+            f"{name}: {len(examples)} instructions, reward {shop['mean_reward']:.4f}, "
+            f"success {shop['success_rate']:.4f}, steps {shop['mean_steps']:.2f}, "
+            f"peak prompt tokens {shop['peak_prompt_tokens']['mean']:.0f} "
+            f"(episodes of >= 8 steps: "
+            f"{'none' if long is None else format(long['mean'], '.0f')})"
+        )
     print(f"predictions and summary.json in {args.out}", file=sys.stderr)
     return 0
 

@@ -57,6 +57,8 @@ def prediction_record(
     ``seconds``: this question's share of the run's wall time (see `_answer_missing`).
     """
     example = trajectory.example
+    # the environment's reward, where the task has one (the shop's; absent for search QA)
+    reward = {"reward": trajectory.environment_reward or 0.0} if _rewarded(example) else {}
     return {
         "id": example.id,
         "dataset": dataset,
@@ -71,8 +73,13 @@ def prediction_record(
         "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
         "peak_tokens": peak_tokens(trajectory),
         "seconds": seconds,
+        **reward,
         "trajectory": trajectory.to_dict(),
     }
+
+
+def _rewarded(example: QAExample) -> bool:
+    return example.metadata.get("environment") == "shop"
 
 
 def error_record(dataset: str, example: QAExample, error: BaseException) -> dict[str, Any]:
@@ -92,6 +99,7 @@ def error_record(dataset: str, example: QAExample, error: BaseException) -> dict
         "turns": 0,
         "searches": 0,
         "prompt_tokens": [],
+        **({"reward": 0.0} if _rewarded(example) else {}),
         "trajectory": None,
     }
 

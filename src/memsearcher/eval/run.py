@@ -31,7 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher.agent import AgentConfig, Templates, agent_type, run_lockstep, start_episodes
+from memsearcher.agent import (
+    AgentConfig,
+    Episode,
+    Templates,
+    agent_type,
+    run_lockstep,
+    start_episodes,
+)
+from memsearcher.agent.environments import Environment
+from memsearcher.agent.shop_agents import start_shop_episodes
 from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import (
@@ -77,11 +86,20 @@ class EvalConfig:
     """Questions per lockstep round; each round's predictions are saved when it ends."""
     concurrency: int = 64
     """Episodes in flight at once with the async driver."""
+    environment: str = "search"
+    """What the episodes act in: ``search`` (questions over a retriever) or ``shop`` (the
+    generated shop's instructions; lockstep driver only)."""
 
     def __post_init__(self) -> None:
         agent_type(self.agent)
         if self.driver not in DRIVERS:
             raise ValueError(f"unknown driver {self.driver!r}; choose one of {sorted(DRIVERS)}")
+        if self.environment not in EPISODES:
+            raise ValueError(
+                f"unknown environment {self.environment!r}; choose one of {sorted(EPISODES)}"
+            )
+        if self.environment == "shop" and self.driver != "lockstep":
+            raise ValueError("the shop runs with the lockstep driver only")
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -105,6 +123,8 @@ class EvalConfig:
         }
         if agent.max_top_n != max(agent.top_n, AgentConfig.max_top_n):  # absent from older runs
             settings["max_top_n"] = agent.max_top_n
+        if self.environment != "search":  # the same
+            settings["environment"] = self.environment
         return settings
 
 
@@ -150,6 +170,31 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "format_failure_rate": sum(reasons.get(k, 0) for k in FORMAT_FAILURES) / n,
         "answered_rate": reasons.get("answer", 0) / n,
         "end_reasons": dict(sorted(reasons.items())),
+        **({"shop": shop_summary(records)} if any("reward" in r for r in records) else {}),
+    }
+
+
+LONG_EPISODE_STEPS = 8
+"""Episodes of at least this many steps are where a growing context shows (ReAct's)."""
+
+
+def shop_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The shop's metrics: mean reward, success rate (reward 1: the right product with every
+    option, within the price), mean steps (one action a turn), and the peak prompt tokens of
+    an episode (the largest context the model saw), over all episodes and over those of at
+    least `LONG_EPISODE_STEPS` steps. A failed episode (no trajectory) scores 0."""
+    rewards = [r.get("reward") or 0.0 for r in records]
+    peaks = [max(r["prompt_tokens"], default=0) for r in records]
+    long = [p for p, r in zip(peaks, records, strict=True) if r["turns"] >= LONG_EPISODE_STEPS]
+    return {
+        "mean_reward": float(np.mean(rewards)),
+        "success_rate": float(np.mean([reward == 1.0 for reward in rewards])),
+        "mean_steps": float(np.mean([r["turns"] for r in records])),
+        "peak_prompt_tokens": {"mean": float(np.mean(peaks)), "max": float(np.max(peaks))},
+        "long_episodes": len(long),
+        "peak_prompt_tokens_long": (
+            {"mean": float(np.mean(long)), "max": float(np.max(long))} if long else None
+        ),
     }
 
 
@@ -171,17 +216,25 @@ Done = Callable[[Trajectory], None]
 Failed = Callable[[QAExample, Exception], None]
 
 
+EPISODES: dict[str, Callable[..., Sequence[Episode[Any]]]] = {
+    "search": start_episodes,
+    "shop": start_shop_episodes,
+}
+"""How an environment's episodes start: ``(agent, examples, tokenizer, agent config,
+templates, max context tokens)``; the shop's templates are its own (None: the defaults)."""
+
+
 def _lockstep(
     examples: Sequence[QAExample],
     llm: Any,
-    retriever: Retriever,
+    retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     templates: Templates | None,
     on_done: Done,
     on_error: Failed,
 ) -> None:
     def answer(chunk: Sequence[QAExample]) -> list[Trajectory]:
-        episodes = start_episodes(
+        episodes = EPISODES[config.environment](
             config.agent, chunk, llm.tokenizer, config.agent_config, templates,
             llm.max_context_tokens,
         )  # fmt: skip
@@ -311,7 +364,7 @@ def _answer_missing(
     examples: Sequence[QAExample],
     path: Path,
     llm: LLM,
-    retriever: Retriever,
+    retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     templates: Templates | None,
     progress: bool,
@@ -363,7 +416,7 @@ def _answer_missing(
 def run_eval(
     datasets: dict[str, list[QAExample]],
     llm: LLM,
-    retriever: Retriever,
+    retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     out: str | Path,
     templates: Templates | None = None,
@@ -373,6 +426,8 @@ def run_eval(
     """Answer every question not yet saved under ``out``, then write and return the summary.
 
     ``info`` (model, retriever, ...) is saved with the settings and must match on resume.
+    ``retriever`` is what the episodes act on: a retriever, or the shop's environment with
+    ``config.environment == "shop"``.
     """
     _check_names(list(datasets))
     out = Path(out)
@@ -390,7 +445,7 @@ def run_eval(
 def _run_locked(
     datasets: dict[str, list[QAExample]],
     llm: LLM,
-    retriever: Retriever,
+    retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     out: Path,
     templates: Templates | None,

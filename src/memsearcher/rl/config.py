@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsearcher.agent.base import AgentConfig
+from memsearcher.agent.environments.shop_world import SPLITS, ShopConfig
 from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.cache import DEFAULT_CACHE_SIZE
@@ -19,6 +20,7 @@ from memsearcher.rl.schedules import SCHEDULES
 
 __all__ = [
     "ADVANTAGES",
+    "ENVIRONMENTS",
     "LEARNERS",
     "CriticConfig",
     "GRPOConfig",
@@ -41,6 +43,10 @@ MAX_MICRO_BATCH_TOKENS = 1 << 24
 ADVANTAGES = ("grpo", "gae")
 """grpo: each trajectory's group-normalized reward on all its tokens (DESIGN.md section 6);
 gae: PPO with a critic, per-token advantages by GAE (MEM1's algorithm, `memsearcher.rl.critic`)."""
+
+ENVIRONMENTS = ("search", "shop")
+"""What a run trains on (`memsearcher.rl.tasks.TASKS`): search QA over a retriever, or the
+generated shop (``environments.shop``)."""
 
 LEARNERS = ("per-turn", "packed")
 """How the learner lays out a trajectory's turns: one row each, or one packed row
@@ -151,11 +157,16 @@ class GRPOConfig:
     """Multi-context GRPO (DESIGN.md section 6). Defaults are the paper's reference values."""
 
     data: str = ""
-    """Training questions, FlashRAG JSONL."""
+    """Training questions, FlashRAG JSONL (environment: search)."""
     output_dir: str = "runs/grpo"
     """Checkpoints, metrics.jsonl, TensorBoard events and sample trajectories go here."""
     agent_name: str = "memsearcher"
     """memsearcher or react."""
+    environment: str = "search"
+    """search: the questions of ``data`` over ``retriever``; shop: the instructions of the
+    generated shop (``shop``, ``shop_split``) in its pages, with reward: environment."""
+    shop_split: str = "rl"
+    """The shop's instructions to train on: train, rl or test (environment: shop)."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE
@@ -229,9 +240,12 @@ class GRPOConfig:
     """Turn budget, memory cap, generation budgets."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The value model, used with advantage: gae."""
+    shop: ShopConfig = field(default_factory=ShopConfig)
+    """The seed and sizes of the generated shop (environment: shop)."""
 
     def __post_init__(self) -> None:
         _check_grpo(self)
+        _check_environment(self)
         positive(self, "questions_per_step", "mini_batch_questions", "group_size", "ppo_epochs")
         positive(self, "log_every", "save_every")
         count(self, "micro_batch_tokens", MAX_MICRO_BATCH_TOKENS)
@@ -372,3 +386,23 @@ def _check_grpo(config: GRPOConfig) -> None:
     if config.advantage == "gae":
         rule = "false with advantage: gae (groups are GRPO's; the critic learns from all)"
         require(config, "filter_degenerate", not config.filter_degenerate, rule)
+
+
+def _check_environment(config: GRPOConfig) -> None:
+    """What each environment takes: the shop brings its own instructions, pages and reward;
+    search QA has no reward of its own to give."""
+    envs = list(ENVIRONMENTS)
+    require(config, "environment", config.environment in envs, f"one of {envs}")
+    if config.environment == "search":
+        rule = "an answer reward with environment: search, whose environment gives none"
+        require(config, "reward", config.reward != "environment", rule)
+        return
+    rule = "environment with environment: shop (the shop's WebShop reward at Buy Now)"
+    require(config, "reward", config.reward == "environment", rule)
+    require(config, "shop_split", config.shop_split in SPLITS, f"one of {list(SPLITS)}")
+    rule = "empty with environment: shop (its instructions come from shop and shop_split)"
+    require(config, "data", not config.data, rule)
+    rule = "null with environment: shop (it searches its own products)"
+    require(config, "retriever", config.retriever is None, rule)
+    rule = "null with environment: shop (its prompts are shop_agents.ShopTemplates)"
+    require(config, "templates", config.templates is None, rule)

@@ -19,6 +19,9 @@ for a trajectory that is not well formed.
 number of objectives answered exactly, 0 unless the answer gives exactly N answers separated by
 ";" (the count rule of MEM1's evaluation, which its training reward lacks); ``"multi-f1"`` sums
 token F1 the same way. A plain question is one objective.
+
+``"environment"`` is the reward the environment itself gives (``Trajectory.environment_reward``:
+the shop's WebShop reward at Buy Now), 0.0 where it gave none.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Callable, Sequence
 from memsearcher.eval.metrics import exact_match, f1_score, objective_sum
 from memsearcher.types import Trajectory
 
-__all__ = ["REWARDS", "get_reward", "graded_reward", "trajectory_reward"]
+__all__ = ["REWARDS", "environment_reward", "get_reward", "graded_reward", "trajectory_reward"]
 
 WRONG_ANSWER_REWARD = 0.1
 """Reward for a well-formed answer whose F1 is zero."""
@@ -79,12 +82,19 @@ def multi_f1_reward(trajectory: Trajectory) -> float:
     return objective_sum(trajectory.answer, trajectory.example.objectives, f1_score)
 
 
+def environment_reward(trajectory: Trajectory) -> float:
+    """The environment's own reward (the shop's at Buy Now); 0.0 where it gave none (the
+    episode ended on a format error, or at the agent's turn limit)."""
+    return trajectory.environment_reward or 0.0
+
+
 REWARDS: dict[str, Callable[[Trajectory], float]] = {
     "graded": trajectory_reward,
     "em": em_reward,
     "f1": f1_reward,
     "multi-em": multi_em_reward,
     "multi-f1": multi_f1_reward,
+    "environment": environment_reward,
 }
 
 

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from memsearcher.agent import Templates, run_lockstep, start_episodes
+from memsearcher.agent import run_lockstep
 from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams, derive_seed
 from memsearcher.llm.hf import HFModel
-from memsearcher.retrieval.base import Retriever
 from memsearcher.rl.config import GRPOConfig
 from memsearcher.rl.distributed import Runtime, gathered
 from memsearcher.rl.policy import Precision, autocast
 from memsearcher.rl.seeding import draw
-from memsearcher.types import QAExample, Trajectory
+from memsearcher.rl.tasks import Task
+from memsearcher.types import Trajectory
 
 __all__ = ["roll_out", "rollout_metrics", "save_samples"]
 
@@ -26,16 +26,15 @@ __all__ = ["roll_out", "rollout_metrics", "save_samples"]
 def roll_out(
     config: GRPOConfig,
     step: int,
-    questions: list[QAExample],
+    task: Task,
     llm: HFModel,
-    retriever: Retriever,
-    templates: Templates,
     precision: Precision,
     runtime: Runtime,
 ) -> list[Trajectory]:
     """This rank's shard of step ``step``'s questions, G trajectories each, sampled with the
-    current weights; a question's G trajectories are adjacent (`advantages.question_of`), and
-    each (step, rank) draws from a seed stream of its own."""
+    current weights in the task's environment; a question's G trajectories are adjacent
+    (`advantages.question_of`), and each (step, rank) draws from a seed stream of its own."""
+    questions = task.questions
     step_ids = draw(
         len(questions),
         (step - 1) * config.questions_per_step,
@@ -44,19 +43,16 @@ def roll_out(
     )
     mine = [questions[i] for i in step_ids[runtime.rank :: runtime.world_size]]
     llm.model.eval()
-    episodes = start_episodes(
-        config.agent_name,
+    episodes = task.start_episodes(
         [q for q in mine for _ in range(config.group_size)],
         llm.tokenizer,
-        config.agent,
-        templates,
         llm.max_context_tokens,
     )
     sampling = SamplingParams(
         temperature=config.temperature, seed=derive_seed(config.seed, step, runtime.rank)
     )
     with gathered(llm.model), autocast(precision.compute, runtime.device):
-        return run_lockstep(episodes, llm, retriever, sampling)
+        return run_lockstep(episodes, llm, task.environment, sampling)
 
 
 def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:

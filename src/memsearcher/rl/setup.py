@@ -1,6 +1,7 @@
 """What both RL loops (`train_grpo`, `train_ppo`) build before their first step: the ranks,
-questions, reward, prompts and retriever, the policy with its rollout backend, optimizer and
-schedule (resumed from the last checkpoint if asked), the KL reference and the metrics log."""
+the task (its questions, their environment, how their episodes start), the reward, the policy
+with its rollout backend, optimizer and schedule (resumed from the last checkpoint if asked),
+the KL reference and the metrics log."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memsearcher.agent import Templates, load_templates
-from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.hf import HFModel
-from memsearcher.retrieval import open_retriever
-from memsearcher.retrieval.base import Retriever
 from memsearcher.rl.checkpoint import check_run_folder, resume_step
 from memsearcher.rl.config import GRPOConfig, config_to_dict
 from memsearcher.rl.distributed import Runtime, init_runtime, wrap_for_training
@@ -25,7 +22,8 @@ from memsearcher.rl.packing import mask_kind_of
 from memsearcher.rl.policy import Precision, frozen_copy, load_policy, resolve_precision
 from memsearcher.rl.rewards import get_reward
 from memsearcher.rl.seeding import seed_everything
-from memsearcher.types import QAExample, Trajectory
+from memsearcher.rl.tasks import Task, open_task
+from memsearcher.types import Trajectory
 
 __all__ = ["RLRun", "set_up"]
 
@@ -36,10 +34,9 @@ class RLRun:
 
     runtime: Runtime
     output: Path
-    questions: list[QAExample]
+    task: Task
+    """The questions, the environment they are acted on in, and how their episodes start."""
     reward_fn: Callable[[Trajectory], float]
-    templates: Templates
-    retriever: Retriever
     precision: Precision
     model: Any
     """The policy as the rollouts and the checkpoints see it."""
@@ -90,9 +87,7 @@ def set_up(
     seed_everything(config.seed)
     output = Path(config.output_dir)
     check_run_folder(output, config_to_dict(config), resume, runtime)
-    questions = read_examples(config.data)
-    if not questions:
-        raise MemSearcherError(f"{config.data}: no questions to train on")
+    task = open_task(config)
     precision = resolve_precision(config.model, runtime.device.type)
     model, tokenizer = load_policy(config.model, runtime, precision)
     # Full fine-tuning keeps a frozen copy of the start as the KL reference; LoRA gets it for
@@ -106,7 +101,7 @@ def set_up(
     mask_kind = mask_kind_of(model) if config.learner == "packed" else None
     learner = wrap_for_training(model, runtime, config.model.distributed)
     optimizer = make_optimizer(model, config.optim)
-    total_steps = config.steps or math.ceil(len(questions) / config.questions_per_step)
+    total_steps = config.steps or math.ceil(len(task.questions) / config.questions_per_step)
     scheduler = make_scheduler(optimizer, config.optim, total_steps * config.updates_per_step)
     start = resume_step(output, resume, model, optimizer, scheduler, runtime)
     log = MetricsLog(output, runtime, config.tensorboard, echo, start)
@@ -114,10 +109,8 @@ def set_up(
     return RLRun(
         runtime=runtime,
         output=output,
-        questions=questions,
+        task=task,
         reward_fn=get_reward(config.reward),
-        templates=load_templates(config.templates),
-        retriever=open_retriever(config.retriever, config.retriever_cache),
         precision=precision,
         model=model,
         tokenizer=tokenizer,

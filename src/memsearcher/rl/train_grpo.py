@@ -58,8 +58,7 @@ def train_grpo(
     for step in range(run.start + 1, run.total_steps + 1):
         step_start = time.perf_counter()
         # 1. Rollouts: this rank's shard of the step's questions, a whole group per rank.
-        trajectories = roll_out(config, step, run.questions, run.llm, run.retriever,
-                                run.templates, run.precision, runtime)  # fmt: skip
+        trajectories = roll_out(config, step, run.task, run.llm, run.precision, runtime)
         rollout_time = time.perf_counter() - step_start
 
         # 2. Rewards, then group-relative advantages.

@@ -71,8 +71,7 @@ def train_ppo(
     for step in range(run.start + 1, run.total_steps + 1):
         step_start = time.perf_counter()
         # 1. Rollouts, as GRPO's.
-        trajectories = roll_out(config, step, run.questions, run.llm, run.retriever,
-                                run.templates, run.precision, runtime)  # fmt: skip
+        trajectories = roll_out(config, step, run.task, run.llm, run.precision, runtime)
         rollout_time = time.perf_counter() - step_start
 
         # 2. Rewards (group-relative advantages only for the metrics), every trajectory kept.

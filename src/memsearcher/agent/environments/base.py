@@ -45,7 +45,11 @@ class Search:
 @dataclass(frozen=True)
 class ShopAction:
     """The shop's action (``environments.shop``): WebShop's ``search[...]`` or ``click[...]``
-    in the session of one instruction; the empty text opens the session on its start page."""
+    in one session; the empty text opens the session on its start page.
+
+    A session is named ``"<instruction id>"`` or ``"<instruction id>#<k>"``: the shop opens it
+    on the instruction before the ``#``, so several episodes of one instruction (a GRPO
+    group) each shop in a session of their own."""
 
     session: str
     text: str

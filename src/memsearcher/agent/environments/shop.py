@@ -311,9 +311,11 @@ def solve(env: ShopEnv) -> list[str]:
 
 
 class ShopEnvironment(Environment[ShopAction, Page]):
-    """The shop behind the environment protocol: one `ShopEnv` session per instruction id,
-    opened by the empty action (its start page), then stepped by each action. A session that
-    ended is closed, so a new episode of the same instruction starts afresh."""
+    """The shop behind the environment protocol: one `ShopEnv` per session, opened by the
+    empty action on the instruction the session names (`ShopAction`) and showing its start
+    page, then stepped by each action. A session that ended is closed; opening a session
+    again starts it afresh, so an episode cut short (a format error) leaves nothing behind
+    once its name is used again."""
 
     def __init__(self, catalogue: Catalogue, search: ShopSearch, max_steps: int = 15) -> None:
         self.catalogue, self.search, self.max_steps = catalogue, search, max_steps
@@ -325,9 +327,10 @@ class ShopEnvironment(Environment[ShopAction, Page]):
 
     def _act(self, action: ShopAction) -> Page | ActionRefused:
         if not action.text:
-            instruction = self.instructions.get(action.session)
+            name = action.session.partition("#")[0]
+            instruction = self.instructions.get(name)
             if instruction is None:
-                return ActionRefused(f"no instruction {action.session!r} in this shop")
+                return ActionRefused(f"no instruction {name!r} in this shop")
             env = ShopEnv(self.catalogue, self.search, instruction, self.max_steps)
             self.sessions[action.session] = env
             return Page(env.reset())

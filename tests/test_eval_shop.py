@@ -1,0 +1,131 @@
+"""``memsearcher eval --env shop``: the shop's instructions through eval's run folder, scored by
+the shop's reward.
+
+The summary's shop metrics are checked by hand on made-up records; a whole run on the real
+shop with a scripted model playing the oracle for some instructions and buying hastily for
+the others (the agents' protocol on the real tokenizer: `ScriptedLLM`, since no small model
+here shops); and the real CLI on the tiny real Llama of `tiny_model.py`, which never writes an
+action (reward 0), then resumes from its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_model import save_tiny_model
+
+from memsearcher.agent import AgentConfig
+from memsearcher.agent.environments.shop import (
+    SEP,
+    ShopEnv,
+    ShopEnvironment,
+    ShopSearch,
+    instruction_example,
+    solve,
+)
+from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+from memsearcher.cli import main
+from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFModel
+from memsearcher.llm.scripted import ScriptedLLM
+
+
+def record(reward: float | None, prompt_tokens: list[int]) -> dict[str, Any]:
+    return {"reward": reward, "prompt_tokens": prompt_tokens, "turns": len(prompt_tokens)}
+
+
+def test_shop_summary_by_hand() -> None:
+    records = [
+        record(1.0, [300, 700, 400, 400, 400]),
+        record(0.5, [300, 700, 400, 400, 400, 400, 400, 400, 400]),  # 9 steps: a long one
+        record(None, [300]),  # a format error: no reward from the shop
+        record(0.0, []),  # an error record: no turn at all
+    ]
+    assert shop_summary(records) == {
+        "mean_reward": 1.5 / 4,
+        "success_rate": 0.25,
+        "mean_steps": (5 + 9 + 1 + 0) / 4,
+        "peak_prompt_tokens": {"mean": (700 + 700 + 300 + 0) / 4, "max": 700.0},
+        "long_episodes": 1,
+        "peak_prompt_tokens_long": {"mean": 700.0, "max": 700.0},
+    }
+    assert shop_summary(records[2:])["peak_prompt_tokens_long"] is None
+
+
+def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) -> None:
+    catalogue = generate_catalogue(ShopConfig(seed=0, families_per_category=1))
+    search = ShopSearch(catalogue.products)
+    test = catalogue.split("test")
+    plans = {}
+    for i, instruction in enumerate(test):
+        plan = solve(ShopEnv(catalogue, search, instruction))
+        if i % 2:  # buy without choosing the options: a partial reward
+            options = {f"click[{v}]" for v in instruction.goal.options.values()}
+            plan = [a for a in plan if a not in options]
+        plans[instruction.text] = plan
+    instruction_text = re.compile("Instruction:" + re.escape(SEP) + "(.*?)" + re.escape(SEP))
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        memory = re.findall(r"<memory> step (\d+)", prompt)
+        done = int(memory[-1]) if memory else 0
+        if "</memory>" in params.stop:
+            return f"<memory> step {done + 1} </memory>"
+        plan = plans[instruction_text.findall(prompt)[0]]
+        return f"<think> step {done} </think>\n<action> {plan[done]} </action>"
+
+    model = ScriptedLLM(llm.tokenizer, reply)
+    config = EvalConfig(agent_config=AgentConfig(max_turns=15), environment="shop")
+    examples = [instruction_example(i) for i in test]
+    environment = ShopEnvironment(catalogue, search)
+    out = tmp_path / "run"
+    summary = run_eval({"shop-test": examples}, model, environment, config, out, progress=False)
+    records = read_predictions(out / "shop-test" / "predictions.jsonl")
+    rewards = [r["reward"] for r in records]
+    assert rewards[0::2] == [1.0] * len(rewards[0::2]) and all(0 < r < 1 for r in rewards[1::2])
+    assert [r["em"] for r in records] == [1.0] * len(records)  # the right product every time
+    shop = summary["datasets"]["shop-test"]["shop"]
+    assert shop["mean_reward"] == pytest.approx(sum(rewards) / len(rewards))
+    assert shop["success_rate"] == 0.5
+    assert shop["mean_steps"] == pytest.approx(sum(len(p) for p in plans.values()) / len(test))
+    assert summary["settings"]["environment"] == "shop"
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_eval_cli_on_the_shop_with_a_real_model_then_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    args = ["eval", "--env", "shop", "--shop-seed", "1", "--shop-families", "1"]
+    args += ["--split", "test", "--agent", "mem1", "--model", str(tiny), "--device", "cpu"]
+    args += ["--out", str(out), "--max-new-tokens", "8", "--no-progress"]
+    assert main(args) == 0
+    assert "shop-test: 4 instructions, reward 0.0000, success 0.0000" in capsys.readouterr().out
+    records = read_predictions(out / "shop-test" / "predictions.jsonl")
+    assert len(records) == 4
+    assert all(
+        r["reward"] == 0.0 and r["end_reason"] in ("format_error", "length") for r in records
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["shop"] == {"seed": 1, "families_per_category": 1, "split": "test"}
+    assert main(args) == 0  # resumed: nothing left to run
+    assert len(read_predictions(out / "shop-test" / "predictions.jsonl")) == 4
+    assert main([*args[:6], "2", *args[7:]]) == 2  # another shop into the same folder
+    assert "other settings (shop.families_per_category)" in capsys.readouterr().err
+
+
+def test_eval_on_the_shop_refuses_what_it_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--env", "shop", "--out", "x", "--data", "d.jsonl"]) == 2
+    assert "takes no --data" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="lockstep driver only"):
+        EvalConfig(environment="shop", driver="async")
+    with pytest.raises(ValueError, match="unknown environment"):
+        EvalConfig(environment="web")
+    assert main(["eval", "--env", "shop"]) == 2
+    assert "needs --out" in capsys.readouterr().err
