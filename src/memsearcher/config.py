@@ -144,14 +144,25 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return plain
 
 
-def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+def changed_keys(
+    saved: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> list[str]:
     """The keys, dotted for sections (``optim.lr``), whose values differ between two configs
-    or settings as plain data: what a resumed run compares with the run it continues."""
+    or settings as plain data: what a resumed run compares with the run it continues.
+
+    With ``defaults`` (the config class's defaults as plain data), a key the saved config
+    lacks (it was written before the key existed) counts as its default, as the run then
+    behaved."""
+    defaults = defaults or {}
     changed = []
     for key in sorted(set(saved) | set(current)):
-        old, new = saved.get(key), current.get(key)
+        old, new = saved.get(key, defaults.get(key)), current.get(key)
         if isinstance(old, Mapping) and isinstance(new, Mapping):
-            changed += [f"{key}.{inner}" for inner in changed_keys(old, new)]
+            inner_defaults = defaults.get(key)
+            inner = changed_keys(
+                old, new, inner_defaults if isinstance(inner_defaults, Mapping) else None
+            )
+            changed += [f"{key}.{name}" for name in inner]
         elif old != new:
             changed.append(key)
     return changed

@@ -59,10 +59,16 @@ many search answers it keeps (the answers are the same either way)."""
 
 
 def check_run_folder(
-    output_dir: Path, config: dict[str, Any], resume: bool | int, runtime: Runtime
+    output_dir: Path,
+    config: dict[str, Any],
+    resume: bool | int,
+    runtime: Runtime,
+    defaults: dict[str, Any] | None = None,
 ) -> None:
     """Refuse a fresh run where checkpoints exist, and a resumed one whose ``config`` (as
-    `config_to_dict` writes it) changes the run; then keep ``config`` as the run's."""
+    `config_to_dict` writes it) changes the run; then keep ``config`` as the run's. A key the
+    saved config lacks counts as its value in ``defaults`` (the config class's defaults, as
+    `config_to_dict` writes them): the run was saved before the key existed."""
     saved = output_dir / RUN_CONFIG
     if not resume:
         found = sorted(p.name for p in output_dir.glob("step-*") if _STEP.match(p.name))
@@ -75,7 +81,8 @@ def check_run_folder(
     elif latest_checkpoint(output_dir) is None:
         return  # resume_step says there is nothing to resume
     elif saved.is_file():
-        changed = [k for k in changed_keys(_read_json(saved), config) if k not in FREE_ON_RESUME]
+        changed = [k for k in changed_keys(_read_json(saved), config, defaults)
+                   if k not in FREE_ON_RESUME]  # fmt: skip
         if changed:
             raise MemSearcherError(
                 f"{output_dir} holds a run with other settings ({', '.join(changed)}); resume "

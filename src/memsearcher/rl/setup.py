@@ -86,7 +86,9 @@ def set_up(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
-    check_run_folder(output, config_to_dict(config), resume, runtime)
+    check_run_folder(
+        output, config_to_dict(config), resume, runtime, config_to_dict(type(config)())
+    )
     task = open_task(config)
     precision = resolve_precision(config.model, runtime.device.type)
     model, tokenizer = load_policy(config.model, runtime, precision)

@@ -89,7 +89,9 @@ def train_sft(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
-    check_run_folder(output, config_to_dict(config), resume, runtime)
+    check_run_folder(
+        output, config_to_dict(config), resume, runtime, config_to_dict(type(config)())
+    )
     trajectories = read_trajectories(config.data)
     sequences: list[TokenSequence] = [
         s
