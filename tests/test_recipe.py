@@ -30,6 +30,7 @@ def tiny_overrides(tmp_path: Path) -> list[str]:
     return [
         f"out={tmp_path / 'run'}", "agents=[memsearcher, react]",
         "rl_one_hop=2", "test_one_hop=2", "evaluation_limit=3", "bootstrap=200",
+        "rl_worlds=1", "rl_world_questions=2",
         "evaluation={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, top_n: 2}",
         "build.worlds=1", "build.questions_per_world=2", "build.wiki_questions=12",
         f"sft.model.path={tiny}", "sft.steps=2", "sft.sequences_per_step=2", "sft.save_every=1",
@@ -57,6 +58,13 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     test = read_examples(run / "data" / "questions" / "test.jsonl")
     assert {e.metadata["hops"] for e in test} == {1, 2} and rl
     assert not {e.id for e in rl} & {e.id for e in test}
+    # GRPO trains on the rl split and a world's multi-hop questions, over both corpora
+    grpo = read_examples(run / "data" / "questions" / "grpo.jsonl")
+    assert grpo[: len(rl)] == rl and {e.id.split("-")[0] for e in grpo[len(rl) :]} == {"world1"}
+    for agent in ("memsearcher", "react"):
+        trained = json.loads((run / f"grpo-{agent}" / "config.json").read_text())
+        assert trained["data"].endswith("grpo.jsonl")
+        assert trained["retriever"] == str(run / "data" / "rl-index")
     for name in ("sft", "grpo-memsearcher", "grpo-react"):
         adapter = run / "adapters" / name
         assert (adapter / "adapter_model.safetensors").is_file(), name

@@ -153,3 +153,16 @@ def test_a_pronoun_is_never_an_answer(passages: list[tuple[str, str]]) -> None:
     assert [fact.kind for fact in facts] == ["located_in"]
     answers = {fact.answer for fact in wiki_facts(passages)}
     assert not answers & PRONOUNS
+
+
+def test_grpo_world_questions_come_from_worlds_the_sft_data_never_saw() -> None:
+    from memsearcher.data.synthetic import WorldConfig, generate_world
+    from memsearcher.teach.protocol_data import world_rl_questions
+
+    config = ProtocolDataConfig(worlds=3, seed=5)  # SFT's worlds: seeds 1005, 1006, 1007
+    passages, examples = world_rl_questions(config, worlds=2, per_world=3)
+    after = [generate_world(WorldConfig(seed=seed)) for seed in (1008, 1009)]
+    assert [(p.title, p.text) for p in passages] == [p for w in after for p in w.passages]
+    assert len(examples) == 6 and len({e.id for e in examples}) == 6
+    assert all(len(e.metadata["hops"]) > 1 for e in examples)
+    assert world_rl_questions(config, 2, 3) == (passages, examples)

@@ -36,14 +36,21 @@ from memsearcher.config import changed_keys, config_to_dict, positive, require
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
+from memsearcher.llm.base import Tokenizer
 from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, merge_adapters, resolve_model
 from memsearcher.recipe.report import analyse
 from memsearcher.rl.checkpoint import latest_checkpoint
 from memsearcher.rl.config import GRPOConfig, SFTConfig
 from memsearcher.rl.export import export_adapter, machine
 from memsearcher.teach.config import ProtocolDataConfig
-from memsearcher.teach.oracle import AGENTS
-from memsearcher.teach.protocol_data import answerable, build_protocol_data, wiki_splits
+from memsearcher.teach.oracle import AGENTS, oracle_policy
+from memsearcher.teach.protocol_data import (
+    answerable,
+    answered_right,
+    build_protocol_data,
+    wiki_splits,
+    world_rl_questions,
+)
 from memsearcher.teach.wiki import WikiQuestion
 from memsearcher.types import QAExample
 
@@ -76,6 +83,14 @@ class RecipeConfig:
     """One-hop rl questions GRPO trains on, beside every answerable two-hop one."""
     test_one_hop: int = 48
     """One-hop test questions evaluated, beside every answerable two-hop one."""
+    rl_worlds: int = 0
+    """Synthetic worlds whose multi-hop rl questions (``rl_world_questions`` each) join GRPO's
+    questions: the worlds after the SFT data's, so their invented names were never trained,
+    their passages indexed with the embedded Wikipedia's for GRPO alone (``data/rl-index``).
+    Only a search per hop answers them; on the Wikipedia's rl two-hop questions the answer is
+    in view after the first search in 27 of 33 (docs/embedded-agent.md). 0: none."""
+    rl_world_questions: int = 4
+    """Multi-hop questions drawn from each of the ``rl_worlds``."""
     evaluation: AgentConfig = field(
         default_factory=lambda: AgentConfig(
             max_turns=4, memory_tokens=128, max_new_tokens=64, top_n=3
@@ -95,6 +110,8 @@ class RecipeConfig:
                 f"some of {list(AGENTS)}")  # fmt: skip
         require(self, "rl_one_hop", self.rl_one_hop >= 0, ">= 0")
         require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
+        require(self, "rl_worlds", self.rl_worlds >= 0, ">= 0 (0: none)")
+        positive(self, "rl_world_questions")
         require(self, "evaluation_limit", self.evaluation_limit >= 0, ">= 0 (0: all)")
         positive(self, "bootstrap")
         for trainer in (self.sft, self.grpo):
@@ -207,8 +224,29 @@ def build_data(config: RecipeConfig, folder: Path, echo: Echo) -> dict[str, list
         for name, one_hop in (("rl", config.rl_one_hop), ("test", config.test_one_hop)):
             chosen = _two_hop_first(splits[name], one_hop)
             kept = answerable(chosen, tokenizer, retriever, teacher)
-            _write_questions(files[name], kept)
+            _write_questions(files[name], [q.to_example() for q in kept])
+    if config.rl_worlds and not (folder / "questions" / "grpo.jsonl").is_file():
+        _add_world_questions(config, folder, tokenizer)
     return {name: read_examples(path) for name, path in files.items()}
+
+
+def _add_world_questions(config: RecipeConfig, folder: Path, tokenizer: Tokenizer) -> None:
+    """GRPO's questions (``questions/grpo.jsonl``): the Wikipedia rl split's and the
+    ``rl_worlds``' multi-hop ones that the ideal teacher answers through GRPO's index
+    (``rl-index``: the embedded Wikipedia's passages and the worlds')."""
+    from memsearcher.retrieval.bm25 import build_bm25
+    from memsearcher.retrieval.corpus import write_corpus
+    from memsearcher.retrieval.embedded import embedded_passages
+
+    passages, examples = world_rl_questions(config.build, config.rl_worlds,
+                                            config.rl_world_questions)  # fmt: skip
+    write_corpus(folder / "rl-corpus.jsonl", embedded_passages() + passages)
+    index = build_bm25(folder / "rl-corpus.jsonl", folder / "rl-index", overwrite=True)
+    teacher = replace(config.build.agent, top_n=config.evaluation.top_n)
+    right = answered_right(examples, oracle_policy(examples), tokenizer, index, teacher)
+    kept = [example for example, ok in zip(examples, right, strict=True) if ok]
+    rl = read_examples(folder / "questions" / "rl.jsonl")
+    _write_questions(folder / "questions" / "grpo.jsonl", rl + kept)
 
 
 def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQuestion]:
@@ -220,12 +258,11 @@ def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQues
     return two + singles[::stride][:one_hop]
 
 
-def _write_questions(path: Path, questions: list[WikiQuestion]) -> None:
+def _write_questions(path: Path, examples: list[QAExample]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".tmp")
     with staging.open("w", encoding="utf-8") as lines:
-        for question in questions:
-            example = question.to_example()
+        for example in examples:
             row = {
                 "id": example.id,
                 "question": example.question,
@@ -266,9 +303,11 @@ def train_grpo_stage(config: RecipeConfig, agent: str, start: Path, out: Path, e
     checkpoint; then its adapter merged (``models/grpo-<agent>``) and exported."""
     from memsearcher.rl.train_grpo import train_grpo
 
+    questions = out / "data" / "questions"
     grpo = replace(
         config.grpo,
-        data=str(out / "data" / "questions" / "rl.jsonl"),
+        data=str(questions / ("grpo.jsonl" if config.rl_worlds else "rl.jsonl")),
+        retriever=str(out / "data" / "rl-index") if config.rl_worlds else None,
         output_dir=str(out / f"grpo-{agent}"),
         agent_name=agent,
         model=replace(config.grpo.model, path=str(start)),

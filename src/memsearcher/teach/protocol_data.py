@@ -29,6 +29,7 @@ from memsearcher.eval.metrics import exact_match
 from memsearcher.llm.base import SamplingParams, Tokenizer
 from memsearcher.llm.scripted import Reply, ScriptedLLM
 from memsearcher.retrieval.base import Retriever
+from memsearcher.retrieval.corpus import Passage
 from memsearcher.teach.config import ProtocolDataConfig
 from memsearcher.teach.oracle import AGENTS, oracle_policy
 from memsearcher.teach.wiki import (
@@ -42,7 +43,15 @@ from memsearcher.teach.wiki import (
 )
 from memsearcher.types import Hit, QAExample, Trajectory
 
-__all__ = ["ClippedRetriever", "answerable", "build_protocol_data", "flaw_rates", "wiki_splits"]
+__all__ = [
+    "ClippedRetriever",
+    "answered_right",
+    "answerable",
+    "build_protocol_data",
+    "flaw_rates",
+    "wiki_splits",
+    "world_rl_questions",
+]
 
 
 def wiki_splits(config: ProtocolDataConfig) -> dict[str, list[WikiQuestion]]:
@@ -130,15 +139,47 @@ def answerable(
 ) -> list[WikiQuestion]:
     """The ``questions`` the ideal teacher answers right as MemSearcher through ``retriever``
     with the settings ``agent``: every hop's passage comes back when its entity is searched."""
-    llm = ScriptedLLM(tokenizer, wiki_oracle(questions))
-    episodes = start_episodes("memsearcher", [q.to_example() for q in questions], tokenizer, agent)
+    examples = [q.to_example() for q in questions]
+    right = answered_right(examples, wiki_oracle(questions), tokenizer, retriever, agent)
+    return [question for question, ok in zip(questions, right, strict=True) if ok]
+
+
+def answered_right(
+    examples: Sequence[QAExample],
+    reply: Reply,
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    agent: AgentConfig,
+) -> list[bool]:
+    """Whether the teacher ``reply`` answers each of ``examples`` right as MemSearcher through
+    ``retriever`` with the settings ``agent``."""
+    llm = ScriptedLLM(tokenizer, reply)
+    episodes = start_episodes("memsearcher", examples, tokenizer, agent)
     trajectories = run_lockstep(episodes, llm, retriever, SamplingParams())
     return [
-        question
-        for question, trajectory in zip(questions, trajectories, strict=True)
-        if trajectory.end_reason == "answer"
-        and exact_match(trajectory.answer or "", trajectory.example.golden_answers)
+        t.end_reason == "answer" and bool(exact_match(t.answer or "", t.example.golden_answers))
+        for t in trajectories
     ]
+
+
+def world_rl_questions(
+    config: ProtocolDataConfig, worlds: int, per_world: int
+) -> tuple[list[Passage], list[QAExample]]:
+    """Every passage of ``worlds`` synthetic worlds after the SFT data's (seeds from
+    ``seed + 1000 + config.worlds`` on: worlds SFT never saw, whose invented names rarely
+    repeat those it did), and ``per_world`` multi-hop questions of each one's rl split. Ids
+    carry the world, as question ids repeat across worlds."""
+    rng = random.Random(config.seed + 1)
+    passages: list[Passage] = []
+    examples: list[QAExample] = []
+    for number in range(config.worlds, config.worlds + worlds):
+        world = generate_world(replace(WorldConfig(), seed=config.seed + 1000 + number))
+        passages += [Passage(f"world{number}-{i}", title, text)
+                     for i, (title, text) in enumerate(world.passages)]  # fmt: skip
+        multi_hop = [q.to_example() for q in world.split("rl") if len(q.hops) > 1]
+        chosen = rng.sample(multi_hop, min(per_world, len(multi_hop)))
+        examples += [replace(e, id=f"world{number}-{e.id}") for e in chosen]
+    return passages, examples
 
 
 def flaw_rates(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
