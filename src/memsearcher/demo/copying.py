@@ -21,7 +21,7 @@ import torch
 
 from memsearcher.agent.prompts import format_hits
 from memsearcher.data.synthetic import World
-from memsearcher.rl.batching import collate, plan_micro_batches, sequence_logprobs
+from memsearcher.rl.batching import micro_batches, sequence_logprobs
 from memsearcher.rl.config import OptimConfig
 from memsearcher.rl.optim import make_optimizer, make_scheduler, optimizer_step
 from memsearcher.types import TokenSequence
@@ -146,12 +146,8 @@ def copy_update(
     used before: that padded the short name rows to the longest fact row (2.2x the tokens) and
     computed (V,)-wide logits at every position (`benchmarks/sft_step.py`).
     """
-    chosen = list(chosen)
-    lengths = {i: len(sequences[i].input_ids) for i in chosen}
-    plans = plan_micro_batches(
-        [lengths.get(i, 0) for i in range(len(sequences))], token_budget, [[i] for i in chosen]
-    )
-    batches = [collate(sequences, plan, pad_id) for plan in plans]
+    lengths = [len(s.input_ids) for s in sequences]
+    batches = micro_batches(sequences, lengths, [list(chosen)], token_budget, pad_id)
     tokens = sum(float(b.loss_mask.sum()) for b in batches)
     nll = 0.0
     for batch in batches:

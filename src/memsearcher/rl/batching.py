@@ -17,7 +17,7 @@ through the shared cache into the prefix once.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "collate",
     "laid_out",
     "logits_at",
+    "micro_batches",
     "padding_share",
     "plan_micro_batches",
     "response_logprobs",
@@ -105,6 +106,25 @@ def plan_micro_batches(
     if current:
         plans.append(current)
     return plans
+
+
+def micro_batches(
+    sequences: Sequence[TokenSequence],
+    lengths: Sequence[int],
+    groups: Iterable[Sequence[int]],
+    token_budget: int,
+    pad_id: int,
+    share_prefix: bool = False,
+) -> list[MicroBatch]:
+    """SFT's micro-batches: each of ``groups`` (indices into ``sequences``, whose lengths are
+    ``lengths``) planned into length buckets of at most ``token_budget`` padded tokens
+    (`plan_micro_batches`), each bucket collated."""
+    plans = [
+        plan
+        for group in groups
+        for plan in plan_micro_batches(lengths, token_budget, [[i] for i in group])
+    ]
+    return [collate(sequences, plan, pad_id, share_prefix) for plan in plans]
 
 
 def collate(

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from memsearcher.errors import MemSearcherError
-from memsearcher.rl.batching import collate, padding_share, plan_micro_batches, sequence_logprobs
+from memsearcher.rl.batching import micro_batches, padding_share, sequence_logprobs
 from memsearcher.rl.checkpoint import check_run_folder, resume_step, save_checkpoint
 from memsearcher.rl.config import SFTConfig, config_to_dict
 from memsearcher.rl.distributed import (
@@ -103,6 +103,7 @@ def train_sft(
     ]
     if not sequences:
         raise MemSearcherError(f"{config.data}: no trainable sequences")
+    lengths = [len(s.input_ids) for s in sequences]
     precision = resolve_precision(config.model, runtime.device.type)
     model, hf_tokenizer = load_policy(config.model, runtime, precision)
     pad_id = hf_tokenizer.pad_token_id
@@ -128,17 +129,9 @@ def train_sft(
             config.seed,
         )
         mine = chosen[runtime.rank :: runtime.world_size]
-        lengths = {i: len(sequences[i].input_ids) for i in mine}
-        plans = [
-            plan
-            for group in _prompt_groups(sequences, mine, config.share_prefix)
-            for plan in plan_micro_batches(
-                [lengths.get(i, 0) for i in range(len(sequences))],
-                config.micro_batch_tokens,
-                [[i] for i in group],
-            )
-        ]
-        batches = [collate(sequences, plan, pad_id, config.share_prefix) for plan in plans]
+        groups = _prompt_groups(sequences, mine, config.share_prefix)
+        batches = micro_batches(sequences, lengths, groups, config.micro_batch_tokens, pad_id,
+                                config.share_prefix)  # fmt: skip
         batches = even_out(batches, learner, runtime)
         tokens = sum(float(b.loss_mask.sum()) for b in batches)
         # every token of the step weighs the same on every rank: divide by the tokens over all
