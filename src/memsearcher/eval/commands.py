@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from memsearcher.agent.options import add_agent_arguments, agent_config_from
 from memsearcher.llm.options import add_model_arguments, open_llm
+
+if TYPE_CHECKING:
+    from memsearcher.eval.run import EvalConfig
 
 
 def add_eval_command(commands: argparse._SubParsersAction) -> None:
@@ -95,7 +99,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from memsearcher.agent import load_templates
     from memsearcher.data.flashrag import load_benchmarks
     from memsearcher.errors import MemSearcherError
-    from memsearcher.eval.run import EvalConfig, run_eval
+    from memsearcher.eval.run import run_eval
     from memsearcher.retrieval import open_retriever
 
     if args.env == "shop":
@@ -104,19 +108,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         raise MemSearcherError("eval needs --data and --out (or: eval report DIR ...)")
     names = [n.strip() for n in args.datasets.split(",") if n.strip()] if args.datasets else None
     driver = args.driver or ("async" if args.backend == "openai" else "lockstep")
-    try:
-        config = EvalConfig(
-            agent=args.agent,
-            agent_config=agent_config_from(args),
-            temperature=args.temperature,
-            seed=args.seed,
-            driver=driver,
-            batch_size=args.batch_size,
-            concurrency=args.concurrency,
-        )
-        config.sampling  # noqa: B018  # validates the sampling settings before loading anything
-    except ValueError as error:
-        raise MemSearcherError(str(error)) from error
+    config = _eval_config(args, driver=driver, concurrency=args.concurrency)
     if args.objectives is None:
         datasets = load_benchmarks(args.data, names, args.limit)
     else:
@@ -161,7 +153,7 @@ def run_shop_eval(args: argparse.Namespace) -> int:
     )
     from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
     from memsearcher.errors import MemSearcherError
-    from memsearcher.eval.run import EvalConfig, run_eval
+    from memsearcher.eval.run import run_eval
 
     if not args.out:
         raise MemSearcherError("eval --env shop needs --out")
@@ -172,19 +164,7 @@ def run_shop_eval(args: argparse.Namespace) -> int:
             f"eval --env shop takes no {', '.join(given)}: the shop brings its instructions, "
             "search and prompts"
         )
-    try:
-        config = EvalConfig(
-            agent=args.agent,
-            agent_config=agent_config_from(args),
-            temperature=args.temperature,
-            seed=args.seed,
-            driver=args.driver or "lockstep",
-            batch_size=args.batch_size,
-            environment="shop",
-        )
-        config.sampling  # noqa: B018  # validates the sampling settings before loading anything
-    except ValueError as error:
-        raise MemSearcherError(str(error)) from error
+    config = _eval_config(args, driver=args.driver or "lockstep", environment="shop")
     sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
     catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
     examples = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
@@ -239,3 +219,24 @@ def run_report_command(args: argparse.Namespace) -> int:
         page = write_html(rows, args.runs, args.html, plots=not args.no_plots)
         print(f"html: {page} ({page.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return 0
+
+
+def _eval_config(args: argparse.Namespace, **settings: Any) -> EvalConfig:
+    """The run's `EvalConfig` from the shared flags and ``settings``, its sampling settings
+    checked before anything is loaded."""
+    from memsearcher.errors import MemSearcherError
+    from memsearcher.eval.run import EvalConfig
+
+    try:
+        config = EvalConfig(
+            agent=args.agent,
+            agent_config=agent_config_from(args),
+            temperature=args.temperature,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            **settings,
+        )
+        config.sampling  # noqa: B018  # validates the sampling settings
+    except ValueError as error:
+        raise MemSearcherError(str(error)) from error
+    return config
