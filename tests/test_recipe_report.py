@@ -1,5 +1,6 @@
 """The recipe's report maths on records written by hand: the paired bootstrap, the behaviour
-counts, and one record per question when an evaluation retried an error."""
+counts, one record per question when an evaluation retried an error, and GRPO's rollouts by
+block of steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from memsearcher.recipe.report import analyse, behaviour, paired_bootstrap
+from memsearcher.recipe.report import (
+    analyse,
+    behaviour,
+    format_rollouts,
+    paired_bootstrap,
+    rollouts,
+)
+from memsearcher.types import QAExample, Trajectory, Turn
 
 HAMLET = [{"entity": "Hamlet", "answer": "William Shakespeare"},
           {"entity": "William Shakespeare", "answer": "English"}]  # fmt: skip
@@ -75,3 +83,40 @@ def test_a_retried_error_counts_once(tmp_path: Path) -> None:
     after = analysis["runs"]["grpo/memsearcher"]["test"]
     assert after["questions"] == 1 and after["em"] == 1.0
     assert analysis["gains"]["memsearcher"]["test"]["gain"] == pytest.approx(1.0)
+
+
+def sample(example: QAExample, queries: list[str], answer: str | None) -> dict[str, Any]:
+    """A line of GRPO's samples file: the trainer's reward, then the trajectory's fields."""
+    turns = [Turn(k, 300, 20, k, "", query=q) for k, q in enumerate(queries)]
+    turns.append(Turn(len(queries), 300, 10, len(queries), "", answer=answer))
+    trajectory = Trajectory(example, "memsearcher", tuple(turns), (), "answer", answer)
+    return {"reward": 0.5, **trajectory.to_dict()}
+
+
+def test_grpo_rollouts_are_described_by_block_and_by_source(tmp_path: Path) -> None:
+    wiki = QAExample("wiki-h", "Hamlet's author's nationality?", ("English",), {"chain": HAMLET})
+    hops = [{"entity": "Tarsk", "relation": "author", "target": "Vel Orm"},
+            {"entity": "Vel Orm", "relation": "born_in", "target": "Brask"}]  # fmt: skip
+    world = QAExample("world3-rl-1", "Where was Tarsk's author born?", ("Brask",), {"hops": hops})
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    steps = {
+        1: [sample(wiki, ["Hamlet"], "Danish"), sample(world, ["Tarsk"], "Vel Orm")],
+        2: [sample(wiki, ["Hamlet", "William Shakespeare"], "English")],
+        3: [sample(world, ["Tarsk", "Vel Orm"], "Brask")],
+    }
+    for step, rows in steps.items():
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
+        (samples / f"step-{step}.jsonl").write_text(lines, encoding="utf-8")
+    blocks = {(b["steps"], b["source"]): b for b in rollouts(tmp_path, block=2)}
+    assert set(blocks) == {("1-2", "wikipedia"), ("1-2", "worlds"), ("3-4", "worlds")}
+    first = blocks[("1-2", "wikipedia")]
+    assert first["questions"] == 2 and first["em"] == 0.5
+    assert first["by_hops"]["2"]["searches_per_question"] == 1.5
+    assert first["behaviour"]["early_answers"] == 0.5  # "Danish" after one search
+    # a world's hops are its chain: answering the bridge after one search is early
+    assert blocks[("1-2", "worlds")]["behaviour"]["early_answers"] == 1.0
+    assert blocks[("1-2", "worlds")]["em"] == 0.0
+    assert blocks[("3-4", "worlds")]["em"] == 1.0
+    assert blocks[("3-4", "worlds")]["behaviour"]["first_query_entity"] == 1.0
+    assert "| 1-2 | wikipedia | 2 | 0.500 |" in format_rollouts(list(blocks.values()))

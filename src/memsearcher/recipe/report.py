@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from memsearcher.eval.predictions import latest_records, read_predictions
+from memsearcher.eval.predictions import latest_records, prediction_record, read_predictions
+from memsearcher.types import Trajectory
 
-__all__ = ["analyse", "paired_bootstrap", "write_report"]
+__all__ = ["analyse", "format_rollouts", "paired_bootstrap", "rollouts", "write_report"]
 
 BEHAVIOURS = {
     "searches_per_hop": "searches per hop of the question's chain",
@@ -90,12 +91,17 @@ def _metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _chain(record: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    """The question's chain of facts and its number of hops; a held-out question (only its
-    passage's title is known) is one hop from that title's entity."""
+    """The question's chain of facts and its number of hops; a synthetic world's question
+    keeps its hops; a held-out question (only its passage's title is known) is one hop from
+    that title's entity."""
     metadata = record["trajectory"]["example"]["metadata"]
     chain = metadata.get("chain")
     if chain:
         return chain, len(chain)
+    if isinstance(metadata.get("hops"), list):
+        return [{"entity": h["entity"], "answer": h["target"]} for h in metadata["hops"]], len(
+            metadata["hops"]
+        )
     entity = re.sub(r"\s*\(.*\)$", "", str(metadata.get("title", "")))
     return [{"entity": entity, "answer": None}], 1
 
@@ -125,6 +131,25 @@ def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         "first_query_entity": first / questions if questions else None,
         "memory_keeps_bridge": kept / memories if memories else None,
     }
+
+
+def rollouts(run: Path, block: int = 10) -> list[dict[str, Any]]:
+    """GRPO's sampled trajectories (``run/samples/step-N.jsonl``) in blocks of ``block`` steps:
+    for each block, the Wikipedia's questions and the synthetic worlds' apart, what `describe`
+    says of evaluation records (EM, searches, by hops, behaviour)."""
+    blocks: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for path in run.glob("samples/step-*.jsonl"):
+        first = (int(path.stem.split("-")[1]) - 1) // block * block + 1
+        for line in path.open(encoding="utf-8"):
+            sample = json.loads(line)
+            sample.pop("reward")  # the trainer's, written beside the trajectory's fields
+            record = prediction_record("rollouts", Trajectory.from_dict(sample))
+            world = isinstance(record["trajectory"]["example"]["metadata"].get("hops"), list)
+            blocks.setdefault((first, "worlds" if world else "wikipedia"), []).append(record)
+    return [
+        {"steps": f"{first}-{first + block - 1}", "source": source, **describe(records)}
+        for (first, source), records in sorted(blocks.items())
+    ]
 
 
 def _paired(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[float]:
@@ -172,6 +197,10 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         "## Stage times (seconds)\n",
         "\n".join(f"- {name}: {seconds}" for name, seconds in results["timings"].items()) + "\n",
     ]
+    for agent in agents:
+        blocks = rollouts(out / f"grpo-{agent}")
+        if blocks:
+            parts += [f"## GRPO's rollouts ({agent}), by ten steps\n", format_rollouts(blocks)]
     plot = _reward_plot(out, agents)
     if plot is not None:
         parts.append(f"![reward per step]({plot.name})\n")
@@ -226,6 +255,27 @@ def format_behaviour(runs: dict[str, Any], dataset: str) -> str:
             cells.append("" if value is None else f"{value:.3f}")
         lines.append(f"| {text} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def format_rollouts(blocks: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| steps | questions | n | EM | format failures | searches / q | EM by hops (n) "
+        "| early answers | first query = entity |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in blocks:
+        hops = ", ".join(f"{h}: {m['em']:.2f} ({m['questions']})" for h, m in b["by_hops"].items())
+        early, first = (_share(b["behaviour"][k]) for k in ("early_answers", "first_query_entity"))
+        lines.append(
+            f"| {b['steps']} | {b['source']} | {b['questions']} | {b['em']:.3f} "
+            f"| {b['format_failures']:.1%} | {b['searches_per_question']:.2f} | {hops} "
+            f"| {early} | {first} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def format_teacher(data: dict[str, Any]) -> str:
