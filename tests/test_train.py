@@ -594,15 +594,18 @@ def test_a_fresh_sft_run_refuses_a_used_folder_and_resume_refuses_another_config
     assert latest_checkpoint(out) == out / "step-4"
 
 
+ONE_GRPO_STEP = ["steps=1", "questions_per_step=4", "mini_batch_questions=2", "group_size=2",
+                 "agent.max_new_tokens=8", "agent.memory_tokens=8", "agent.max_turns=1",
+                 "micro_batch_tokens=1600"]  # fmt: skip
+"""A GRPO run of one small step, for the tests of refusals and resuming."""
+
+
 @pytest.mark.slow
 def test_grpo_and_ppo_refuse_a_used_folder_and_a_changed_config(
     tiny: Path, questions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    run = [f"data={questions}", f"model.path={tiny}", "model.device=cpu", "steps=1",
-           "questions_per_step=4", "mini_batch_questions=2", "group_size=2",
-           "agent.max_new_tokens=8", "agent.memory_tokens=8", "agent.max_turns=1",
-           "micro_batch_tokens=1600"]  # fmt: skip
+    run = [f"data={questions}", f"model.path={tiny}", "model.device=cpu", *ONE_GRPO_STEP]
     assert train_cli("grpo", out, *run) == 0
     before = checkpoint_bytes(out)
     capsys.readouterr()
@@ -623,10 +626,7 @@ def test_a_run_saved_before_a_config_key_existed_resumes_at_its_default(
     """A run saved before a key was added (its config.json lacks it) resumes when the key is
     at its default, as the run then behaved; set to anything else, the key is a change."""
     out = tmp_path / "out"
-    run = [f"data={questions}", f"model.path={tiny}", "model.device=cpu", "steps=1",
-           "questions_per_step=4", "mini_batch_questions=2", "group_size=2",
-           "agent.max_new_tokens=8", "agent.memory_tokens=8", "agent.max_turns=1",
-           "micro_batch_tokens=1600"]  # fmt: skip
+    run = [f"data={questions}", f"model.path={tiny}", "model.device=cpu", *ONE_GRPO_STEP]
     assert train_cli("grpo", out, *run) == 0
     saved = json.loads((out / "config.json").read_text())
     for key in ("environment", "shop_split", "shop"):  # keys added on 2026-12-04
@@ -636,7 +636,7 @@ def test_a_run_saved_before_a_config_key_existed_resumes_at_its_default(
     capsys.readouterr()
     assert train_cli("grpo", out, *run, "shop_split=test", resume=True) == 2
     assert "other settings (shop_split)" in capsys.readouterr().err
-    assert train_cli("grpo", out, *[*run[:3], "steps=2", *run[4:]], resume=True) == 0
+    assert train_cli("grpo", out, *run, "steps=2", resume=True) == 0
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
 
 
