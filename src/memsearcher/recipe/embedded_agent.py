@@ -85,10 +85,11 @@ class RecipeConfig:
     """One-hop test questions evaluated, beside every answerable two-hop one."""
     rl_worlds: int = 0
     """Synthetic worlds whose multi-hop rl questions (``rl_world_questions`` each) join GRPO's
-    questions: the worlds after the SFT data's, so their invented names were never trained,
-    their passages indexed with the embedded Wikipedia's for GRPO alone (``data/rl-index``).
-    Only a search per hop answers them; on the Wikipedia's rl two-hop questions the answer is
-    in view after the first search in 27 of 33 (docs/embedded-agent.md). 0: none."""
+    questions: the worlds after the SFT data's seeds (worlds SFT never saw; their invented
+    names rarely repeat those it did), their passages indexed with the embedded Wikipedia's
+    for GRPO alone (``data/rl-index``). Only a search per hop answers them; on the
+    Wikipedia's rl two-hop questions the answer is in view after the first search in 27 of
+    33 (docs/embedded-agent.md). 0: none."""
     rl_world_questions: int = 4
     """Multi-hop questions drawn from each of the ``rl_worlds``."""
     evaluation: AgentConfig = field(
