@@ -98,12 +98,18 @@ def _chain(record: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     chain = metadata.get("chain")
     if chain:
         return chain, len(chain)
-    if isinstance(metadata.get("hops"), list):
-        return [{"entity": h["entity"], "answer": h["target"]} for h in metadata["hops"]], len(
-            metadata["hops"]
-        )
+    hops = _world_hops(metadata)
+    if hops is not None:
+        return [{"entity": h["entity"], "answer": h["target"]} for h in hops], len(hops)
     entity = re.sub(r"\s*\(.*\)$", "", str(metadata.get("title", "")))
     return [{"entity": entity, "answer": None}], 1
+
+
+def _world_hops(metadata: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A synthetic world's question's hops (`memsearcher.data.synthetic.hops_of`'s rows); None
+    for any other question (a Wikipedia one's ``hops`` is a count)."""
+    hops = metadata.get("hops")
+    return hops if isinstance(hops, list) else None
 
 
 def behaviour(records: Iterable[dict[str, Any]]) -> dict[str, float | None]:
@@ -144,7 +150,7 @@ def rollouts(run: Path, block: int = 10) -> list[dict[str, Any]]:
             sample = json.loads(line)
             sample.pop("reward")  # the trainer's, written beside the trajectory's fields
             record = prediction_record("rollouts", Trajectory.from_dict(sample))
-            world = isinstance(record["trajectory"]["example"]["metadata"].get("hops"), list)
+            world = _world_hops(record["trajectory"]["example"]["metadata"]) is not None
             blocks.setdefault((first, "worlds" if world else "wikipedia"), []).append(record)
     return [
         {"steps": f"{first}-{first + block - 1}", "source": source, **describe(records)}
