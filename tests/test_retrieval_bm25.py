@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import bm25s
@@ -147,3 +150,39 @@ def test_build_errors(tmp_path: Path) -> None:
     assert len(index) == 1
     with pytest.raises(IndexFolderError, match="unknown BM25 method"):
         BM25Config(method="bm42")
+
+
+# A stand-in for JAX that records the preallocation setting it is imported under, and the one
+# function bm25s calls at import. The real JAX and a GPU are not on this machine.
+FAKE_JAX = {
+    "jax/__init__.py": "import os, pathlib\n"
+    "pathlib.Path(os.environ['SEEN']).write_text("
+    "os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'unset'))\n",
+    "jax/lax.py": "import numpy as np\n\n\ndef top_k(x, k):\n"
+    "    order = np.argsort(-np.asarray(x))[:k]\n    return np.asarray(x)[order], order\n",
+}
+
+
+@pytest.mark.parametrize(("users", "seen"), [(None, "false"), ("true", "true")])
+def test_loading_an_index_keeps_jax_from_taking_the_gpus_memory(
+    small: BM25Index, tmp_path: Path, users: str | None, seen: str
+) -> None:
+    """bm25s imports JAX when it is installed and runs a top-k on JAX's default device, and
+    JAX's default then holds 75% of a GPU: on a lent H200 two GRPO trainers died of CUDA out
+    of memory before their first step. Loading an index tells JAX to allocate as it goes,
+    unless the user chose otherwise."""
+    for name, text in FAKE_JAX.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    path = os.pathsep.join([str(tmp_path / "site"), env.get("PYTHONPATH", "")])
+    env |= {"SEEN": str(tmp_path / "seen"), "PYTHONPATH": path}
+    if users is not None:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = users
+    code = ("import sys; from memsearcher.retrieval.bm25 import BM25Index; "
+            "print(BM25Index.load(sys.argv[1]).search(['capital'], 1)[0][0].id)")  # fmt: skip
+    ran = subprocess.run([sys.executable, "-c", code, str(small.folder)], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["d"]
+    assert (tmp_path / "seen").read_text() == seen

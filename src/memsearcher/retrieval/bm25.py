@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import threading
@@ -78,10 +79,24 @@ METHODS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]] 
 }
 
 
-def _stopwords(name: str | None) -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
+def _bm25s() -> Any:
+    """The bm25s module, imported so that it leaves the GPUs to the model.
 
-    table: dict[str, Iterable[str]] = {"en": STOPWORDS_EN, "english": STOPWORDS_EN, "none": ()}
+    When JAX is installed, importing bm25s imports it and runs a top-k on JAX's default device
+    (for its own top-k, which we do not use), and JAX then takes 75% of a GPU's memory. On a
+    lent H200 that made two GRPO trainers fail with CUDA out of memory before their first
+    step (105 GiB of 140 held by JAX, none by PyTorch). So JAX is told to allocate as it goes,
+    unless the user set ``XLA_PYTHON_CLIENT_PREALLOCATE`` themselves.
+    """
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    return bm25s
+
+
+def _stopwords(name: str | None) -> frozenset[str]:
+    english = _bm25s().stopwords.STOPWORDS_EN
+    table: dict[str, Iterable[str]] = {"en": english, "english": english, "none": ()}
     key = (name or "none").lower()
     if key not in table:
         raise IndexFolderError(f"unknown stopword list {name!r}; known: {sorted(table)}")
@@ -213,7 +228,6 @@ def _tokenize_corpus(
 
 def _write_matrix(folder: Path, state: _Pass1, config: BM25Config, progress: bool) -> int:
     """Pass 2: score every (term, doc) pair and counting-sort the triples into CSC arrays."""
-    from bm25s import __version__ as bm25s_version
     from tqdm.auto import tqdm
 
     doc_lens = np.concatenate(state.doc_lens) if state.doc_lens else np.zeros(0, np.int64)
@@ -252,7 +266,7 @@ def _write_matrix(folder: Path, state: _Pass1, config: BM25Config, progress: boo
     params = {
         "k1": config.k1, "b": config.b, "delta": 0.5, "method": config.method,
         "idf_method": config.method, "dtype": "float32", "int_dtype": "int32",
-        "num_docs": n_docs, "version": bm25s_version, "backend": "numpy",
+        "num_docs": n_docs, "version": _bm25s().__version__, "backend": "numpy",
     }  # fmt: skip
     (folder / "params.index.json").write_text(json.dumps(params, indent=4), encoding="utf-8")
     return nnz
@@ -312,14 +326,12 @@ class BM25Index:
     ) -> BM25Index:
         """Open an index folder. ``mmap`` leaves the score matrix on disk (shared page cache
         between server workers, little resident memory) at some cost in query speed."""
-        import bm25s
-
         folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest["kind"] != cls.kind:
             raise IndexFolderError(f"{folder} holds a {manifest['kind']} index, not bm25")
         store = open_store(folder, manifest, corpus)
-        model = bm25s.BM25.load(str(folder / LIBRARY_DIR), mmap=mmap)
+        model = _bm25s().BM25.load(str(folder / LIBRARY_DIR), mmap=mmap)
         if model.scores["num_docs"] != len(store):
             raise IndexFolderError(
                 f"index {folder} is damaged: {model.scores['num_docs']} scored documents "
