@@ -360,8 +360,8 @@ def evaluate(
     echo: Echo,
 ) -> dict[str, Any]:
     """Greedy evaluation of the SFT model as every agent and of each GRPO model as its agent,
-    on the held-out and the test questions (resumable: `run_eval` skips what is saved); the
-    summaries by run."""
+    on the held-out and the test questions (resumable: `run_eval` skips what is saved), on
+    GRPO's device (``grpo.model.device``); the summaries by run."""
     from memsearcher.llm.hf import HFModel
     from memsearcher.retrieval import open_retriever
 
@@ -375,7 +375,9 @@ def evaluate(
     runs += [("grpo", agent, path) for agent, path in grpo_models.items()]
     for model, agent, path in runs:
         if path not in loaded:
-            loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=64)
+            loaded[path] = HFModel.from_pretrained(
+                str(path), device=config.grpo.model.device, batch_size=64
+            )
         run = out / "eval" / f"{model}-{agent}"
         evaluation = EvalConfig(agent=agent, agent_config=config.evaluation, batch_size=64)
         started = time.perf_counter()
