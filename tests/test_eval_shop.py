@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from tiny_model import save_tiny_model
+from transformers import AutoTokenizer
 
 from memsearcher.agent import AgentConfig
 from memsearcher.agent.environments.shop import (
@@ -102,21 +103,28 @@ def test_eval_cli_on_the_shop_with_a_real_model_then_resume(
 ) -> None:
     tiny = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "run"
+    templates = tmp_path / "shop.yaml"
+    templates.write_text('mem1_user: "Buy it. Start page: {page}"\n')
     args = ["eval", "--env", "shop", "--shop-seed", "1", "--shop-families", "1"]
     args += ["--split", "test", "--agent", "mem1", "--model", str(tiny), "--device", "cpu"]
     args += ["--out", str(out), "--max-new-tokens", "8", "--no-progress"]
-    assert main(args) == 0
+    assert main([*args, "--templates", str(templates)]) == 0
     assert "shop-test: 4 instructions, reward 0.0000, success 0.0000" in capsys.readouterr().out
     records = read_predictions(out / "shop-test" / "predictions.jsonl")
     assert len(records) == 4
     assert all(
         r["reward"] == 0.0 and r["end_reason"] in ("format_error", "length") for r in records
     )
+    decode = AutoTokenizer.from_pretrained(tiny).decode
+    prompt = decode(records[0]["trajectory"]["sequences"][0]["prompt_ids"])
+    assert "Buy it. Start page: WebShop" in prompt  # the shop's prompt from --templates
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["shop"] == {"seed": 1, "families_per_category": 1, "split": "test"}
-    assert main(args) == 0  # resumed: nothing left to run
+    assert main([*args, "--templates", str(templates)]) == 0  # resumed: nothing left to run
     assert len(read_predictions(out / "shop-test" / "predictions.jsonl")) == 4
-    assert main([*args[:6], "2", *args[7:]]) == 2  # another shop into the same folder
+    assert main(args) == 2  # other prompts into the same folder
+    assert "other settings (templates)" in capsys.readouterr().err
+    assert main([*args[:6], "2", *args[7:], "--templates", str(templates)]) == 2  # another shop
     assert "other settings (shop.families_per_category)" in capsys.readouterr().err
 
 

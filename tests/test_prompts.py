@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from memsearcher.agent.prompts import TOOL_NAME, Templates, format_tools, load_templates
+from memsearcher.agent.prompts import (
+    TOOL_NAME,
+    Templates,
+    format_tools,
+    load_templates,
+    read_templates,
+)
+from memsearcher.agent.shop_agents import ShopTemplates
 from memsearcher.errors import MemSearcherError
 
 
@@ -56,3 +63,17 @@ def test_bad_template_files(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_template_file(tmp_path: Path) -> None:
     with pytest.raises(MemSearcherError, match="cannot read"):
         load_templates(tmp_path / "absent.yaml")
+
+
+def test_shop_templates_override_from_a_file_and_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "shop.yaml"
+    path.write_text('react_page: "Page: {page}"\n')
+    templates = read_templates(path, ShopTemplates)
+    assert templates.react_page == "Page: {page}"
+    assert templates.memsearcher_user == ShopTemplates().memsearcher_user
+    path.write_text('memsearcher_tool_response: "{passages}"\n')  # a search template
+    with pytest.raises(MemSearcherError, match="unknown templates.*known: .*react_page"):
+        read_templates(path, ShopTemplates)
+    path.write_text('react_page: "{passages}"\n')
+    with pytest.raises(MemSearcherError, match="react_page.*unknown fields"):
+        read_templates(path, ShopTemplates)

@@ -289,7 +289,6 @@ SHOP = ["environment=shop", "reward=environment"]
         ([*SHOP, "shop_split=dev"], "shop_split must be one of ['train', 'rl', 'test']"),
         ([*SHOP, "data=q.jsonl"], "data must be empty with environment: shop"),
         ([*SHOP, "retriever=http://x"], "retriever must be null with environment: shop"),
-        ([*SHOP, "templates=t.yaml"], "templates must be null with environment: shop"),
     ],
 )
 def test_each_environment_takes_only_what_it_can_use(overrides: list[str], message: str) -> None:

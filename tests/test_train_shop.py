@@ -82,12 +82,18 @@ def read_samples(out: Path, step: int = 1) -> list[dict[str, Any]]:
 
 
 def test_grpo_samples_the_real_policy_in_the_shop_and_saves(tiny: Path, tmp_path: Path) -> None:
+    """With the shop's prompts from a file (`ShopTemplates` fields), as a small model needs."""
     out = tmp_path / "out"
-    train_grpo(shop_config(tiny, out, "agent.max_new_tokens=8"))
+    templates = tmp_path / "shop.yaml"
+    templates.write_text('memsearcher_system: "Shop: act in <action> </action>."\n')
+    train_grpo(shop_config(tiny, out, "agent.max_new_tokens=8", f"templates={templates}"))
     assert latest_checkpoint(out) == out / "step-1"
     samples = read_samples(out)
     assert len(samples) == 2 * 3
+    decode = AutoTokenizer.from_pretrained(tiny).decode
     for sample in samples:
+        prompt = decode(sample["sequences"][0]["prompt_ids"])
+        assert "Shop: act in <action> </action>." in prompt and "web shop" not in prompt
         assert sample["example"]["metadata"]["environment"] == "shop"
         assert sample["example"]["id"].startswith("rl-")  # the default split
         assert sample["reward"] == pytest.approx(sample["environment_reward"] or 0.0)

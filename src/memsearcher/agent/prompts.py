@@ -15,12 +15,14 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memsearcher.errors import MemSearcherError
 from memsearcher.types import Hit, QAExample
 
 TOOL_NAME = "wikipedia_search"
+
+T = TypeVar("T")
 
 
 def tool_schema(default_top_n: int = 5) -> dict[str, Any]:
@@ -148,20 +150,26 @@ class Templates:
     """The hint before the last turn."""
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            text = getattr(self, field.name)
-            if not isinstance(text, str):
-                raise MemSearcherError(f"template {field.name!r} must be a string")
-            try:
-                found = {name for _, name, _, _ in string.Formatter().parse(text) if name}
-            except ValueError as error:
-                raise MemSearcherError(f"template {field.name!r}: {error}") from error
-            unknown = found - _FIELDS[field.name]
-            if unknown:
-                raise MemSearcherError(
-                    f"template {field.name!r} uses unknown fields {sorted(unknown)}; "
-                    f"allowed: {sorted(_FIELDS[field.name])}"
-                )
+        check_fields(self, _FIELDS)
+
+
+def check_fields(templates: Any, allowed: dict[str, set[str]]) -> None:
+    """Raise unless every template of the dataclass ``templates`` is a string that uses only
+    the ``{fields}`` that ``allowed`` gives its name."""
+    for field in dataclasses.fields(templates):
+        text = getattr(templates, field.name)
+        if not isinstance(text, str):
+            raise MemSearcherError(f"template {field.name!r} must be a string")
+        try:
+            found = {name for _, name, _, _ in string.Formatter().parse(text) if name}
+        except ValueError as error:
+            raise MemSearcherError(f"template {field.name!r}: {error}") from error
+        unknown = found - allowed[field.name]
+        if unknown:
+            raise MemSearcherError(
+                f"template {field.name!r} uses unknown fields {sorted(unknown)}; "
+                f"allowed: {sorted(allowed[field.name])}"
+            )
 
 
 _FIELDS = {
@@ -181,8 +189,14 @@ _FIELDS = {
 
 def load_templates(path: str | Path | None = None) -> Templates:
     """The default templates, with any fields a YAML or JSON file overrides."""
+    return read_templates(path, Templates)
+
+
+def read_templates(path: str | Path | None, kind: type[T]) -> T:
+    """The default templates of ``kind`` (the search agents' `Templates`, or
+    `shop_agents.ShopTemplates`), with any fields the YAML or JSON file ``path`` overrides."""
     if path is None:
-        return Templates()
+        return kind()
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -196,12 +210,13 @@ def load_templates(path: str | Path | None = None) -> Templates:
         raise MemSearcherError(f"{path} is not valid YAML or JSON: {error}") from error
     if not isinstance(overrides, dict):
         raise MemSearcherError(f"{path} must hold a mapping of template names to texts")
-    unknown = set(overrides) - set(_FIELDS)
+    known = {field.name for field in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    unknown = set(overrides) - known
     if unknown:
         raise MemSearcherError(
-            f"{path}: unknown templates {sorted(unknown)}; known: {sorted(_FIELDS)}"
+            f"{path}: unknown templates {sorted(unknown)}; known: {sorted(known)}"
         )
-    return Templates(**overrides)
+    return kind(**overrides)
 
 
 def format_tools(default_top_n: int) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from memsearcher.agent.base import AgentConfig, Episode
 from memsearcher.agent.environments import Page, ShopAction
 from memsearcher.agent.parsing import ParseFailure, parse_shop_action
-from memsearcher.agent.prompts import Templates
+from memsearcher.agent.prompts import Templates, check_fields
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.types import QAExample
@@ -60,7 +60,9 @@ asks for, check the price, then buy."""
 
 @dataclass(frozen=True)
 class ShopTemplates:
-    """The texts of the shop agents; ``{name}`` fields are filled in at run time."""
+    """The texts of the shop agents; ``{name}`` fields are filled in at run time. A YAML or
+    JSON file can override any of them (`prompts.read_templates`, ``templates`` in the RL
+    config, ``eval --env shop --templates``)."""
 
     memsearcher_system: str = (
         _ACTIONS
@@ -91,6 +93,24 @@ Start page: {page}"""
     mem1_information: str = "\n\n<information>{hint}\n\n{page}</information>\n\n"
     mem1_hint: str = "[HINT]You have {turns_left} turns left.[/HINT]"
     mem1_last_hint: str = "[HINT]You have 1 turn left. You must buy in the next turn.[/HINT]"
+
+    def __post_init__(self) -> None:
+        check_fields(self, _FIELDS)
+
+
+_FIELDS = {
+    "memsearcher_system": set(),
+    "memsearcher_user": {"memory", "page"},
+    "memsearcher_page": {"page"},
+    "react_system": set(),
+    "react_user": {"page"},
+    "react_page": {"page"},
+    "mem1_user": {"page"},
+    "mem1_information": {"hint", "page"},
+    "mem1_hint": {"turns_left"},
+    "mem1_last_hint": set(),
+}
+"""The ``{fields}`` each shop template may use."""
 
 
 class ShopEpisode(Episode[Page]):

@@ -152,18 +152,21 @@ def run_shop_eval(args: argparse.Namespace) -> int:
         instruction_example,
     )
     from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+    from memsearcher.agent.prompts import read_templates
+    from memsearcher.agent.shop_agents import ShopTemplates
     from memsearcher.errors import MemSearcherError
     from memsearcher.eval.run import run_eval
 
     if not args.out:
         raise MemSearcherError("eval --env shop needs --out")
-    given = [f"--{k}" for k in ("data", "index", "retriever", "objectives", "templates")
+    given = [f"--{k}" for k in ("data", "index", "retriever", "objectives")
              if getattr(args, k) is not None]  # fmt: skip
     if given:
         raise MemSearcherError(
-            f"eval --env shop takes no {', '.join(given)}: the shop brings its instructions, "
-            "search and prompts"
+            f"eval --env shop takes no {', '.join(given)}: the shop brings its instructions "
+            "and search"
         )
+    templates = read_templates(args.templates, ShopTemplates)
     config = _eval_config(args, driver=args.driver or "lockstep", environment="shop")
     sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
     catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
@@ -176,11 +179,13 @@ def run_shop_eval(args: argparse.Namespace) -> int:
         "served_model": args.served_model,
         "shop": {"seed": args.shop_seed, **sizes, "split": args.split},
     }
+    if args.templates:  # absent otherwise, so earlier runs still resume
+        info["templates"] = args.templates
     if args.chat_template_kwargs:
         info["chat_template_kwargs"] = args.chat_template_kwargs
     name = f"shop-{args.split}"
     summary = run_eval(
-        {name: examples}, llm, environment, config, args.out, None, info, not args.no_progress
+        {name: examples}, llm, environment, config, args.out, templates, info, not args.no_progress
     )
     shop = summary["datasets"][name].get("shop")
     if shop is not None:

@@ -40,7 +40,7 @@ from memsearcher.agent import (
     start_episodes,
 )
 from memsearcher.agent.environments import Environment
-from memsearcher.agent.shop_agents import start_shop_episodes
+from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import (
@@ -229,7 +229,7 @@ def _lockstep(
     llm: Any,
     retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
-    templates: Templates | None,
+    templates: Templates | ShopTemplates | None,
     on_done: Done,
     on_error: Failed,
 ) -> None:
@@ -266,7 +266,7 @@ def _async(
     llm: Any,
     retriever: Retriever,
     config: EvalConfig,
-    templates: Templates | None,
+    templates: Templates | ShopTemplates | None,
     on_done: Done,
     on_error: Failed,
 ) -> None:
@@ -274,6 +274,8 @@ def _async(
 
     if not is_async(llm):
         raise MemSearcherError("the async driver needs an HTTP backend (--backend openai)")
+    if isinstance(templates, ShopTemplates):
+        raise MemSearcherError("the async driver runs search QA only; the shop runs lockstep")
     episodes = start_episodes(
         config.agent, examples, llm.tokenizer, config.agent_config, templates,
         llm.max_context_tokens,
@@ -366,7 +368,7 @@ def _answer_missing(
     llm: LLM,
     retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
-    templates: Templates | None,
+    templates: Templates | ShopTemplates | None,
     progress: bool,
 ) -> None:
     """Run the questions of ``examples`` not yet in ``path``, appending each as it ends."""
@@ -419,7 +421,7 @@ def run_eval(
     retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     out: str | Path,
-    templates: Templates | None = None,
+    templates: Templates | ShopTemplates | None = None,
     info: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -448,7 +450,7 @@ def _run_locked(
     retriever: Retriever | Environment[Any, Any],
     config: EvalConfig,
     out: Path,
-    templates: Templates | None,
+    templates: Templates | ShopTemplates | None,
     info: dict[str, Any] | None,
     progress: bool,
 ) -> dict[str, Any]:

@@ -173,7 +173,8 @@ class GRPOConfig:
     """Search answers kept in an LRU, each distinct query of a round searched once (a group's
     samples often repeat their first query: docs/retrieval.md); 0 disables both."""
     templates: str | None = None
-    """A YAML/JSON file overriding the prompt templates."""
+    """A YAML/JSON file overriding the prompt templates (`Templates`'; with environment:
+    shop, `ShopTemplates`')."""
     seed: int = 0
     """Seeds data order, sampling and initialization."""
     steps: int = 0
@@ -404,5 +405,3 @@ def _check_environment(config: GRPOConfig) -> None:
     require(config, "data", not config.data, rule)
     rule = "null with environment: shop (it searches its own products)"
     require(config, "retriever", config.retriever is None, rule)
-    rule = "null with environment: shop (its prompts are shop_agents.ShopTemplates)"
-    require(config, "templates", config.templates is None, rule)

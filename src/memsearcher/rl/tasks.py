@@ -17,7 +17,8 @@ from memsearcher.agent import Episode, load_templates, start_episodes
 from memsearcher.agent.environments import Environment
 from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
 from memsearcher.agent.environments.shop_world import generate_catalogue
-from memsearcher.agent.shop_agents import start_shop_episodes
+from memsearcher.agent.prompts import read_templates
+from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Tokenizer
@@ -68,13 +69,14 @@ def shop_task(config: GRPOConfig) -> Task:
         raise MemSearcherError(
             f"shop_split: the shop of {config.shop} has no {config.shop_split!r} instructions"
         )
+    templates = read_templates(config.templates, ShopTemplates)
 
     def start(
         examples: Sequence[QAExample], tokenizer: Tokenizer, max_context_tokens: int | None
     ) -> list[Episode[Any]]:
         return list(
             start_shop_episodes(
-                config.agent_name, examples, tokenizer, config.agent, None, max_context_tokens
+                config.agent_name, examples, tokenizer, config.agent, templates, max_context_tokens
             )
         )
 
