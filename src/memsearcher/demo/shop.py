@@ -111,7 +111,7 @@ class ShopDemoConfig:
     max_steps: int = 15
     """Actions an episode may take (the shop's step limit and the agents' turn limit)."""
     agent: AgentConfig = field(
-        default_factory=lambda: AgentConfig(max_turns=15, memory_tokens=64, max_new_tokens=64)
+        default_factory=lambda: AgentConfig(max_turns=15, memory_tokens=96, max_new_tokens=96)
     )
     """Turn budget and token caps, for training and evaluation alike."""
     sft_steps: int = 600
