@@ -99,8 +99,8 @@ class ShopDemoConfig:
         default_factory=lambda: ShopConfig(families_per_category=16, instructions_per_product=4)
     )
     """The tested shop (its seed is replaced by the run's seed); SFT's shops have its sizes."""
-    model: ModelSize = field(default_factory=ModelSize)
-    """The from-scratch model."""
+    model: ModelSize = field(default_factory=lambda: ModelSize(max_positions=4096))
+    """The from-scratch model; ReAct's longest teacher trajectories reach about 3,200 tokens."""
     flaws: ShopFlaws = field(
         default_factory=lambda: ShopFlaws(vague_search=0.3, first_result=0.3, skip_options=0.3)
     )
