@@ -14,6 +14,7 @@ import pytest
 
 from memsearcher.agent import AgentConfig, run_lockstep
 from memsearcher.agent.environments.shop import (
+    PREV_PAGE,
     ShopEnv,
     ShopEnvironment,
     ShopSearch,
@@ -22,6 +23,8 @@ from memsearcher.agent.environments.shop import (
 from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
     Catalogue,
+    Goal,
+    Product,
     ShopConfig,
     generate_catalogue,
 )
@@ -38,7 +41,7 @@ AGENTS = ("memsearcher", "mem1", "react")
 
 @pytest.fixture(scope="module")
 def shop() -> tuple[Catalogue, ShopSearch]:
-    catalogue = generate_catalogue(ShopConfig(seed=5, families_per_category=2))
+    catalogue = generate_catalogue(ShopConfig(seed=5, families_per_category=4))
     return catalogue, ShopSearch(catalogue.products)
 
 
@@ -74,14 +77,34 @@ def test_the_ideal_teacher_buys_every_instruction_right_in_each_protocol(
         for trajectory in trajectories:
             assert trajectory.end_reason == "answer", (agent, trajectory.error)
             assert trajectory.environment_reward == 1.0
+    # it reads the pages: every product it opens fits the goal by title and price, and where
+    # one lacks an asked option it goes back and opens the next
+    went_back = 0
+    for instruction, trajectory in zip(catalogue.instructions, runs["mem1"], strict=True):
+        taken = actions(trajectory)
+        opened = [a[6:-1] for a in taken if a.startswith("click[B0")]
+        assert all(fits(catalogue.product(a), instruction.goal) for a in opened)
+        went_back += taken.count(f"click[{PREV_PAGE}]")
+    assert went_back > 0
     for trajectories in zip(*runs.values(), strict=True):  # the same actions in all three
         assert len({tuple(actions(t)) for t in trajectories}) == 1
     # MemSearcher's memory is the teacher's notes: after the last option, what it did so far
     memsearcher = runs["memsearcher"][0]
     goal = catalogue.instructions[0].goal
     memory = memsearcher.turns[-2].memory
-    assert memory.startswith("searched ") and f"opened {goal.asin}" in memory
+    bought = [a for a in actions(memsearcher) if a.startswith("click[B0")][-1][6:-1]
+    assert memory.startswith("searched ") and f"opened {bought}" in memory
     assert all(f"chose {value}" in memory for value in goal.options.values())
+
+
+def fits(product: Product, goal: Goal) -> bool:
+    """Whether the results page's title and price show ``product`` as what ``goal`` asks."""
+    title = product.title.lower()
+    return (
+        CATEGORIES[goal.category].kind.lower() in title
+        and all(value.lower() in title for value in goal.attributes)
+        and product.price <= goal.price_upper
+    )
 
 
 def within_sampling_error(hits: int, trials: int, rate: float) -> bool:
@@ -91,8 +114,9 @@ def within_sampling_error(hits: int, trials: int, rate: float) -> bool:
 
 def test_each_flaw_happens_at_its_stated_rate(tokenizer: Tokenizer) -> None:
     """On 288 instructions, each flaw is counted from what the teacher did: the first search's
-    keywords, the product it opened on the first results page where the target was not the
-    first of its type there, and whether it bought with options unclicked. The pages come from
+    keywords, the product it opened on the first results page where the first product of the
+    goal's type there does not fit the goal (so the ideal shopper would open another), and
+    whether it bought with options unclicked. The pages come from
     replaying the actions in a fresh `ShopEnv`, not from the teacher's own reading."""
     catalogue = generate_catalogue(ShopConfig(seed=6, instructions_per_product=6))
     search = ShopSearch(catalogue.products)
@@ -116,7 +140,7 @@ def test_each_flaw_happens_at_its_stated_rate(tokenizer: Tokenizer) -> None:
                 first = [
                     a for a in page.clickables if catalogue.product(a).category == goal.category
                 ]
-                if first[0] != goal.asin:
+                if not fits(catalogue.product(first[0]), goal):
                     count("first_result", action == f"click[{first[0]}]")
                 break
             env.step(action)

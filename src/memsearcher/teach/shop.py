@@ -9,9 +9,13 @@ MEM1 and ReAct still see). Its notes are events, ``searched <keywords>; opened <
 <value>``, written in each thought as they will stand after its action, and copied into
 MemSearcher's memory.
 
-The ideal shopper (every rate 0) searches the goal's attributes and type, pages on until the
-target is listed (and, if it never is, searches the target's exact title), opens it, clicks
-each option the instruction asks for, and buys. The flaws hold for any instruction, so what
+The ideal shopper (every rate 0) shops as a reader of the pages can: it searches the goal's
+attributes and type, and opens the first listed product whose title has the type and every
+attribute and whose price is within the limit. On its page, if an option the instruction asks
+for is not offered, it goes back (``< Prev``) and opens the next such product; else it clicks
+each option and buys. Where a results page lists none it pages on, and where no page does it
+searches the target's exact title. Which of several matching products it buys is not the
+target's id, which no page gives away, but the first the pages show: a rule a model can learn. The flaws hold for any instruction, so what
 reward teaches on one carries to all; each draw is fixed by (seed, instruction, decision):
 
 - ``vague_search``: the first search names only the product type ("t-shirt"), so the target
@@ -29,12 +33,24 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memsearcher.agent.environments.shop import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, SEP
-from memsearcher.agent.environments.shop_world import CATEGORIES, Catalogue, Instruction
+from memsearcher.agent.environments.shop import (
+    BACK_TO_SEARCH,
+    BUY_NOW,
+    NEXT_PAGE,
+    PREV_PAGE,
+    SEP,
+)
+from memsearcher.agent.environments.shop_world import (
+    CATEGORIES,
+    Catalogue,
+    Goal,
+    Instruction,
+    Product,
+)
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 
-__all__ = ["ShopFlaws", "page_of", "shop_policy"]
+__all__ = ["ShopFlaws", "matches", "page_of", "shop_policy"]
 
 _NOTES = re.compile(r"<(think|memory)>(.*?)</\1>", re.DOTALL)
 _RESULTS = re.compile(r"Page (\d+) \(Total results: \d+\)")
@@ -135,9 +151,13 @@ def _next_action(
         else:
             keywords = " ".join([*goal.attributes, kind])
         return f"search[{keywords}]", f"searched {keywords}"
+    opened = [n.removeprefix("opened ") for n in notes if n.startswith("opened ")]
     if page.kind == "results":
-        pick = goal.asin if goal.asin in page.clickables else None
-        if page.number == 1 and flaws.draw(flaws.first_result, text, "first_result"):
+        fits = [
+            a for a in page.clickables if a not in opened and matches(catalogue.product(a), goal)
+        ]
+        pick = fits[0] if fits else None
+        if page.number == 1 and not opened and flaws.draw(flaws.first_result, text, "first_result"):
             same_kind = [
                 a for a in page.clickables if catalogue.product(a).category == goal.category
             ]
@@ -147,9 +167,22 @@ def _next_action(
         if page.has_next:
             return f"click[{NEXT_PAGE}]", None
         return f"click[{BACK_TO_SEARCH}]", None
+    offered = catalogue.product(opened[-1]).options
+    if any(value not in offered.get(name, ()) for name, value in goal.options.items()):
+        return f"click[{PREV_PAGE}]", None
     chosen = {n.removeprefix("chose ") for n in notes if n.startswith("chose ")}
     if not flaws.draw(flaws.skip_options, text, "skip_options"):
         for value in goal.options.values():
             if value not in chosen:
                 return f"click[{value}]", f"chose {value}"
     return f"click[{BUY_NOW}]", None
+
+
+def matches(product: Product, goal: Goal) -> bool:
+    """Whether a results page shows ``product`` as what ``goal`` asks for: its type, every
+    attribute (all in its title) and a price within the limit."""
+    return (
+        product.category == goal.category
+        and set(goal.attributes) <= set(product.attributes.values())
+        and product.price <= goal.price_upper
+    )

@@ -1,0 +1,455 @@
+"""The shop demo (``memsearcher demo --env shop``): a small model from scratch learns to shop.
+
+The same recipe as the QA demo (``demo.pipeline``), in MEM1's second domain: a seeded shop
+(``environments.shop_world``), a byte-level BPE with each product id one token and a Llama
+from scratch, an imperfect teacher (``teach.shop``) whose trajectories in all three agents'
+protocols are SFT's data, then RL in the shop on the ``rl`` instructions (GRPO for each agent,
+and PPO with a critic for MEM1, its own recipe), and evaluation of untrained, SFT and RL on the
+held-out ``test`` instructions: mean reward, success rate, steps and peak tokens.
+
+SFT reads other shops, never the one it is tested on: shops of other seeds whose product ids
+are the tested shop's, dealt out anew (`deal_ids`). Every id token is trained, and no id can
+be remembered as the answer to an instruction, only read off a page. RL and the evaluation
+act in the tested shop, on instructions whose target products SFT never saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memsearcher.agent import AgentConfig, run_lockstep
+from memsearcher.agent.environments.shop import (
+    ShopEnv,
+    ShopEnvironment,
+    ShopSearch,
+    instruction_example,
+    solve,
+)
+from memsearcher.agent.environments.shop_world import (
+    CATEGORIES,
+    Catalogue,
+    ShopConfig,
+    generate_catalogue,
+)
+from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop_episodes
+from memsearcher.demo.model import ModelSize, save_demo_model
+from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
+from memsearcher.llm import load_tokenizer
+from memsearcher.llm.base import SamplingParams
+from memsearcher.llm.hf import HFModel
+from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.rl.config import CriticConfig, GRPOConfig, ModelConfig, OptimConfig, SFTConfig
+from memsearcher.rl.train_grpo import train_grpo
+from memsearcher.rl.train_sft import train_sft
+from memsearcher.teach.shop import ShopFlaws, shop_policy
+
+__all__ = [
+    "DEMO_SHOP_TEMPLATES",
+    "SHOP_OUTPUTS",
+    "SHOP_PRESETS",
+    "ShopDemoConfig",
+    "deal_ids",
+    "format_shop_results",
+    "run_shop_demo",
+    "write_shop_report",
+]
+
+AGENTS = tuple(SHOP_AGENTS)
+"""memsearcher, react, mem1."""
+
+METHODS = {"grpo": "grpo", "gae": "ppo"}
+"""The name of an RL run's method by its advantage: GRPO, or PPO with a critic (GAE)."""
+
+DEMO_SHOP_TEMPLATES = {
+    "memsearcher_system": (
+        "Shop for the instruction. Think in <think> </think>, then act in <action> </action>: "
+        "search[...] or click[...]. After each page, rewrite your memory in <memory> </memory>."
+    ),
+    "memsearcher_page": "<page> {page} </page>\nUpdate memory.",
+    "react_system": (
+        "Shop for the instruction. Think in <think> </think>, then act in <action> </action>: "
+        "search[...] or click[...]."
+    ),
+    "mem1_user": (
+        "Shop for the instruction. Keep your notes in <think> </think>, then act in <action> "
+        "</action>: search[...] or click[...]. Start page: {page}"
+    ),
+    "mem1_information": "\n<information>{hint} {page}</information>\n",
+    "mem1_hint": "{turns_left} turns left.",
+    "mem1_last_hint": "Last turn: buy.",
+}
+"""Short shop prompts for the small model (the protocol's tags, fewer instruction words)."""
+
+
+@dataclass(frozen=True)
+class ShopDemoConfig:
+    """Sizes and budgets of one shop demo run."""
+
+    shop: ShopConfig = field(
+        default_factory=lambda: ShopConfig(families_per_category=16, instructions_per_product=4)
+    )
+    """The tested shop (its seed is replaced by the run's seed); SFT's shops have its sizes."""
+    model: ModelSize = field(default_factory=lambda: ModelSize(max_positions=4096))
+    """The from-scratch model; ReAct's longest teacher trajectories reach about 3,200 tokens."""
+    flaws: ShopFlaws = field(
+        default_factory=lambda: ShopFlaws(vague_search=0.3, first_result=0.3, skip_options=0.3)
+    )
+    """How the SFT teacher departs from the ideal shopper (its seed is replaced per shop)."""
+    sft_shops: int = 3
+    """Shops of other seeds, with the tested shop's ids dealt out anew, whose instructions (all
+    splits) the teacher shops for SFT."""
+    max_steps: int = 15
+    """Actions an episode may take (the shop's step limit and the agents' turn limit)."""
+    agent: AgentConfig = field(
+        default_factory=lambda: AgentConfig(max_turns=15, memory_tokens=96, max_new_tokens=96)
+    )
+    """Turn budget and token caps, for training and evaluation alike."""
+    sft_steps: int = 600
+    """SFT updates on the teacher's trajectories of all three agents."""
+    sft_sequences_per_step: int = 32
+    """Turn sequences per SFT update."""
+    sft_lr: float = 2e-3
+    """Peak SFT learning rate (cosine, after a short warm-up)."""
+    rl_runs: tuple[tuple[str, str], ...] = (
+        ("memsearcher", "grpo"),
+        ("mem1", "grpo"),
+        ("mem1", "gae"),
+        ("react", "grpo"),
+    )
+    """(agent, advantage) of each RL run from the SFT model: ``grpo``, or ``gae`` (PPO with a
+    critic, MEM1's own algorithm)."""
+    rl_steps: int = 16
+    """RL steps per run, on the tested shop's ``rl`` instructions."""
+    rl_questions_per_step: int = 16
+    """Instructions per RL step."""
+    group_size: int = 4
+    """Episodes per instruction (GRPO's group)."""
+    rl_lr: float = 2e-4
+    """RL learning rate (the actor's; the critic's is ten times it)."""
+    beta: float = 0.05
+    """Weight of the KL penalty to the SFT model."""
+    temperature: float = 0.7
+    """Rollout sampling temperature."""
+    test_instructions: int = 200
+    """Held-out test instructions evaluated per (method, agent), at most."""
+
+
+SHOP_PRESETS: dict[str, ShopDemoConfig] = {
+    "full": ShopDemoConfig(),
+    "quick": ShopDemoConfig(
+        shop=ShopConfig(families_per_category=2, instructions_per_product=2),
+        model=ModelSize(vocab=768, hidden=64, layers=2),
+        sft_shops=1,
+        sft_steps=20,
+        rl_steps=1,
+        rl_questions_per_step=2,
+        group_size=2,
+        test_instructions=8,
+    ),
+}
+"""``full`` shows learning; ``quick`` checks every stage end to end in CI."""
+
+SHOP_OUTPUTS = {
+    "shop.json": "the tested shop's config and its instructions per split",
+    "templates.yaml": "the demo's short shop prompts",
+    "models": "init/: the tokenizer trained here and a randomly initialized Llama",
+    "teacher": "trajectories.jsonl: the teacher's trajectories of all three agents (SFT data)",
+    "sft": "the SFT run (metrics.jsonl, step-N/model)",
+    "rl": "<method>-<agent>/: each RL run (grpo, or ppo: PPO with a critic)",
+    "eval": "<method>-<agent>/: predictions and summary on the test instructions",
+    "results.json": "every number of the run",
+    "report.md": "the report",
+}
+"""Every entry the shop demo writes into its folder, with what it holds."""
+
+Echo = Callable[[str], None]
+
+
+def deal_ids(catalogue: Catalogue, ids: list[str], seed: int) -> Catalogue:
+    """``catalogue`` with its product ids replaced by ``ids`` (as many), dealt at random."""
+    if len(ids) != len(catalogue.products):
+        raise ValueError(f"{len(ids)} ids for {len(catalogue.products)} products")
+    dealt = random.Random(seed).sample(ids, len(ids))
+    new = {p.asin: asin for p, asin in zip(catalogue.products, dealt, strict=True)}
+    products = tuple(replace(p, asin=new[p.asin]) for p in catalogue.products)
+    instructions = tuple(
+        replace(i, goal=replace(i.goal, asin=new[i.goal.asin])) for i in catalogue.instructions
+    )
+    return replace(catalogue, products=products, instructions=instructions)
+
+
+def run_shop_demo(
+    out: str | Path, config: ShopDemoConfig, seed: int, echo: Echo = print
+) -> dict[str, Any]:
+    """Run every stage into ``out`` and return the results (also saved as results.json)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(name: str) -> Iterator[None]:
+        begun = time.perf_counter()
+        echo(f"[shop demo] {name} ...")
+        yield
+        timings[name] = round(time.perf_counter() - begun, 1)
+        echo(f"[shop demo] {name}: {timings[name]} s")
+
+    with stage("shops"):
+        shop = generate_catalogue(replace(config.shop, seed=seed))
+        ids = [p.asin for p in shop.products]
+        sft_shops = [
+            deal_ids(generate_catalogue(replace(config.shop, seed=seed * 1000 + 1 + k)), ids, k)
+            for k in range(config.sft_shops)
+        ]
+        splits = {s: [i.id for i in shop.split(s)] for s in ("train", "rl", "test")}
+        shop_file = {"config": asdict(shop.config), "instructions": splits}
+        (out / "shop.json").write_text(json.dumps(shop_file, indent=1) + "\n", encoding="utf-8")
+        templates_file = out / "templates.yaml"
+        templates_file.write_text(yaml.safe_dump(DEMO_SHOP_TEMPLATES), encoding="utf-8")
+        templates = ShopTemplates(**DEMO_SHOP_TEMPLATES)
+        search = ShopSearch(shop.products)
+
+    with stage("tokenizer and model"):
+        texts = list(DEMO_SHOP_TEMPLATES.values())
+        for catalogue in (shop, *sft_shops[:1]):
+            texts += _shop_texts(catalogue, ShopSearch(catalogue.products))
+        init = save_demo_model(out / "models" / "init", texts, config.model, seed, ids)
+        tokenizer = load_tokenizer(str(init))
+
+    with stage("teacher trajectories"):
+        sft_data = out / "teacher" / "trajectories.jsonl"
+        sft_data.parent.mkdir(parents=True, exist_ok=True)
+        teacher: dict[str, Any] = {"flaws": asdict(config.flaws), "shops": config.sft_shops}
+        records: dict[str, list[dict[str, Any]]] = {agent: [] for agent in AGENTS}
+        with sft_data.open("w", encoding="utf-8") as lines:
+            for k, catalogue in enumerate(sft_shops):
+                flaws = replace(config.flaws, seed=seed * 1000 + k)
+                reply = shop_policy(catalogue, flaws)
+                environment = ShopEnvironment(
+                    catalogue, ShopSearch(catalogue.products), config.max_steps
+                )
+                examples = [instruction_example(i) for i in catalogue.instructions]
+                for agent in AGENTS:
+                    episodes = start_shop_episodes(
+                        agent, examples, tokenizer, config.agent, templates
+                    )
+                    model = ScriptedLLM(tokenizer, reply)
+                    trajectories = run_lockstep(episodes, model, environment, SamplingParams())
+                    lines.writelines(json.dumps(t.to_dict()) + "\n" for t in trajectories)
+                    records[agent] += [_record(t) for t in trajectories]
+        for agent, rows in records.items():
+            teacher[agent] = shop_summary(rows)
+
+    with stage("SFT"):
+        train_sft(_sft_config(config, sft_data, init, out / "sft", seed))
+        sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
+        losses = _metric(out / "sft", "train/loss")
+        echo(f"[shop demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+    rl_models: dict[tuple[str, str], Path] = {}
+    rewards: dict[str, list[float]] = {}
+    for agent, advantage in config.rl_runs:
+        method = METHODS[advantage]
+        with stage(f"{method} ({agent})"):
+            output = out / "rl" / f"{method}-{agent}"
+            rl = _rl_config(config, agent, advantage, templates_file, sft_model, output, seed)
+            train_grpo(rl)
+            curve = rewards[f"{method}/{agent}"] = _metric(output, "reward/mean")
+            echo(f"[shop demo] {method} ({agent}) reward per step: {_floats(curve)}")
+            rl_models[method, agent] = output / f"step-{config.rl_steps}" / "model"
+
+    with stage("evaluation"):
+        test = [instruction_example(i) for i in shop.split("test")][: config.test_instructions]
+        environment = ShopEnvironment(shop, search, config.max_steps)
+        runs = [(method, agent, path) for method, path in (("untrained", init), ("sft", sft_model))
+                for agent in AGENTS]  # fmt: skip
+        runs += [(method, agent, path) for (method, agent), path in rl_models.items()]
+        evaluations: dict[str, Any] = {}
+        loaded: dict[Path, HFModel] = {}
+        for method, agent, path in runs:
+            if path not in loaded:
+                loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
+            evaluation = EvalConfig(
+                agent=agent, agent_config=config.agent, environment="shop", batch_size=len(test)
+            )
+            target = out / "eval" / f"{method}-{agent}"
+            summary = run_eval(
+                {"test": test}, loaded[path], environment, evaluation, target, templates,
+                progress=False,
+            )  # fmt: skip
+            result = summary["datasets"]["test"]
+            evaluations[f"{method}/{agent}"] = {
+                **result["shop"],
+                "format_failure_rate": result["format_failure_rate"],
+                "mean_turns": result["mean_turns"],
+            }
+            mean = result["shop"]["mean_reward"]
+            echo(f"[shop demo] {method:>16} {agent:<11} reward {mean:.3f}")
+
+    results = {
+        "seed": seed,
+        "config": asdict(config),
+        "shop": {"products": len(shop.products), **{s: len(v) for s, v in splits.items()}},
+        "teacher": teacher,
+        "rl_rewards": rewards,
+        "evaluations": evaluations,
+        "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return results
+
+
+def _shop_texts(catalogue: Catalogue, search: ShopSearch) -> list[str]:
+    """The pages and actions of the ideal shopper on every instruction of ``catalogue``, and
+    the results of a search for each product type: the tokenizer's training text."""
+    texts = []
+    for instruction in catalogue.instructions:
+        env = ShopEnv(catalogue, search, instruction)
+        actions = solve(ShopEnv(catalogue, search, instruction))
+        texts.append(env.reset())
+        for action in actions:
+            texts += [action, env.step(action)[0]]
+    for kind in {c.kind for c in CATEGORIES.values()}:
+        env = ShopEnv(catalogue, search, catalogue.instructions[0])
+        env.reset()
+        texts.append(env.step(f"search[{kind}]")[0])
+    return texts
+
+
+def _record(trajectory: Any) -> dict[str, Any]:
+    """A trajectory as the fields `shop_summary` reads."""
+    return {
+        "reward": trajectory.environment_reward,
+        "turns": len(trajectory.turns),
+        "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
+    }
+
+
+def _sft_config(
+    config: ShopDemoConfig, data: Path, init: Path, output: Path, seed: int
+) -> SFTConfig:
+    return SFTConfig(
+        data=str(data),
+        output_dir=str(output),
+        seed=seed,
+        steps=config.sft_steps,
+        sequences_per_step=config.sft_sequences_per_step,
+        save_every=config.sft_steps,
+        tensorboard=False,
+        model=ModelConfig(path=str(init), device="cpu"),
+        optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
+    )
+
+
+def _rl_config(
+    config: ShopDemoConfig,
+    agent: str,
+    advantage: str,
+    templates: Path,
+    model: Path,
+    output: Path,
+    seed: int,
+) -> GRPOConfig:
+    """The RL run of ``agent`` from ``model`` on the tested shop's ``rl`` instructions."""
+    return GRPOConfig(
+        environment="shop",
+        reward="environment",
+        shop=replace(config.shop, seed=seed),
+        shop_split="rl",
+        output_dir=str(output),
+        agent_name=agent,
+        advantage=advantage,
+        filter_degenerate=advantage == "grpo",
+        templates=str(templates),
+        seed=seed,
+        steps=config.rl_steps,
+        questions_per_step=config.rl_questions_per_step,
+        mini_batch_questions=config.rl_questions_per_step,
+        group_size=config.group_size,
+        share_prefix=True,
+        reuse_logprobs=True,
+        temperature=config.temperature,
+        beta=config.beta,
+        save_every=config.rl_steps,
+        sample_every=0,
+        tensorboard=False,
+        model=ModelConfig(path=str(model), device="cpu", rollout_batch_size=128),
+        optim=OptimConfig(lr=config.rl_lr),
+        critic=CriticConfig(lr=10 * config.rl_lr),
+        agent=config.agent,
+    )
+
+
+def _metric(run: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open(encoding="utf-8")]
+    return [row[key] for row in rows if key in row]
+
+
+def _floats(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+def read_shop_predictions(out: Path, method: str, agent: str) -> list[dict[str, Any]]:
+    """The saved test predictions of one (method, agent) evaluation."""
+    return read_predictions(out / "eval" / f"{method}-{agent}" / "test" / "predictions.jsonl")
+
+
+def format_shop_results(results: dict[str, Any]) -> str:
+    """The results table as markdown: one row per (method, agent), on the test instructions."""
+    lines = [
+        "| method | agent | mean reward | success | steps | peak tokens | episodes of 8+ steps: "
+        "count, peak tokens | format failures |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, s in results["evaluations"].items():
+        method, agent = key.split("/")
+        long = s["peak_prompt_tokens_long"]
+        long_cell = f"{s['long_episodes']}, {long['mean']:.0f}" if long else "0, -"
+        lines.append(
+            f"| {method} | {agent} | {s['mean_reward']:.3f} | {s['success_rate']:.3f} | "
+            f"{s['mean_steps']:.2f} | {s['peak_prompt_tokens']['mean']:.0f} | {long_cell} | "
+            f"{s['format_failure_rate']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
+    """Write ``out/report.md``: the table, the teacher, RL's reward per step, stage times."""
+    out = Path(out)
+    teacher = results["teacher"]
+    flaws = ", ".join(f"{k} {v}" for k, v in teacher["flaws"].items() if k != "seed")
+    measured = "; ".join(
+        f"{agent}: mean reward {teacher[agent]['mean_reward']:.3f}, success "
+        f"{teacher[agent]['success_rate']:.3f}, steps {teacher[agent]['mean_steps']:.2f}"
+        for agent in AGENTS
+    )
+    curves = "\n".join(f"- {name}: {_floats(r)}" for name, r in results["rl_rewards"].items())
+    times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
+    text = f"""# Shop demo, seed {results["seed"]}
+
+Held-out test instructions of the tested shop ({results["shop"]}), greedy decoding.
+
+{format_shop_results(results)}
+
+Teacher (SFT data, {teacher["shops"]} shops of other seeds with the tested shop's ids):
+flaws {flaws}. Measured on its trajectories: {measured}.
+
+RL mean reward per step (rollouts at temperature {results["config"]["temperature"]}):
+{curves}
+
+Stage times: {times}.
+"""
+    path = out / "report.md"
+    path.write_text(text, encoding="utf-8")
+    return path
