@@ -64,7 +64,10 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
     assert set(results["rl_rewards"]) == methods - {
         f"{m}/{a}" for m in ("untrained", "sft") for a in AGENTS
     }
+    probe = results["copy_probe"]
+    assert probe["id_tokens"] > 0 and all(0 <= probe[k] <= 1 for k in ("init", "warm-up", "sft"))
     report = (out / "report.md").read_text()
+    assert f"after SFT {probe['sft']:.3f}" in report
     assert "| sft | memsearcher |" in report and "| ppo | mem1 |" in report
     assert "| ppo | mem1 |" in done.stdout
     assert {p.name for p in out.iterdir()} == {*SHOP_OUTPUTS, MARKER}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -41,6 +42,7 @@ from memsearcher.agent.environments.shop_world import (
     generate_catalogue,
 )
 from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop_episodes
+from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.eval.predictions import read_predictions
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
@@ -114,6 +116,10 @@ class ShopDemoConfig:
         default_factory=lambda: AgentConfig(max_turns=15, memory_tokens=96, max_new_tokens=96)
     )
     """Turn budget and token caps, for training and evaluation alike."""
+    copy_warmup_steps: int = 800
+    """Updates of the copy warm-up (`memsearcher.demo.copying`) before SFT: lists of product
+    ids repeated. Without it, SFT's model opened no product it was shown (docs/environments.md).
+    """
     sft_steps: int = 600
     """SFT updates on the teacher's trajectories of all three agents."""
     sft_sequences_per_step: int = 32
@@ -150,6 +156,7 @@ SHOP_PRESETS: dict[str, ShopDemoConfig] = {
         shop=ShopConfig(families_per_category=2, instructions_per_product=2),
         model=ModelSize(vocab=768, hidden=64, layers=2),
         sft_shops=1,
+        copy_warmup_steps=5,
         sft_steps=20,
         rl_steps=1,
         rl_questions_per_step=2,
@@ -162,7 +169,8 @@ SHOP_PRESETS: dict[str, ShopDemoConfig] = {
 SHOP_OUTPUTS = {
     "shop.json": "the tested shop's config and its instructions per split",
     "templates.yaml": "the demo's short shop prompts",
-    "models": "init/: the tokenizer trained here and a randomly initialized Llama",
+    "models": "init/: the tokenizer trained here and a randomly initialized Llama; copy/: the "
+    "same model after its copy warm-up (where SFT starts)",
     "teacher": "trajectories.jsonl: the teacher's trajectories of all three agents (SFT data)",
     "sft": "the SFT run (metrics.jsonl, step-N/model)",
     "rl": "<method>-<agent>/: each RL run (grpo, or ppo: PPO with a critic)",
@@ -227,6 +235,13 @@ def run_shop_demo(
         init = save_demo_model(out / "models" / "init", texts, config.model, seed, ids)
         tokenizer = load_tokenizer(str(init))
 
+    with stage("copy warm-up"):
+        warm = out / "models" / "copy"
+        shutil.copytree(init, warm, dirs_exist_ok=True)
+        losses = warm_up_copying(warm, ids, config.copy_warmup_steps, seed)
+        if losses:
+            echo(f"[shop demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
     with stage("teacher trajectories"):
         sft_data = out / "teacher" / "trajectories.jsonl"
         sft_data.parent.mkdir(parents=True, exist_ok=True)
@@ -250,12 +265,26 @@ def run_shop_demo(
                     records[agent] += [_record(t) for t in trajectories]
         for agent, rows in records.items():
             teacher[agent] = shop_summary(rows)
+        # the ideal shopper on the test instructions: the copy probe's held-out id tokens
+        test = [instruction_example(i) for i in shop.split("test")][: config.test_instructions]
+        environment = ShopEnvironment(shop, search, config.max_steps)
+        episodes = start_shop_episodes("memsearcher", test, tokenizer, config.agent, templates)
+        ideal = ScriptedLLM(tokenizer, shop_policy(shop))
+        ideal_runs = run_lockstep(episodes, ideal, environment, SamplingParams())
+        probe = [sequence for t in ideal_runs for sequence in t.sequences]
+        id_tokens = {tokenizer.encode(asin)[0] for asin in ids}
 
     with stage("SFT"):
-        train_sft(_sft_config(config, sft_data, init, out / "sft", seed))
+        train_sft(_sft_config(config, sft_data, warm, out / "sft", seed))
         sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
         losses = _metric(out / "sft", "train/loss")
         echo(f"[shop demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        copy_probe: dict[str, float] = {}
+        for name, path in (("init", init), ("warm-up", warm), ("sft", sft_model)):
+            correct, total = name_token_accuracy(_load(path), probe, id_tokens)
+            copy_probe[name] = correct / max(total, 1)
+        copy_probe["id_tokens"] = total
+        echo(f"[shop demo] copy probe (held-out id tokens, teacher-forced): {copy_probe}")
 
     rl_models: dict[tuple[str, str], Path] = {}
     rewards: dict[str, list[float]] = {}
@@ -270,8 +299,6 @@ def run_shop_demo(
             rl_models[method, agent] = output / f"step-{config.rl_steps}" / "model"
 
     with stage("evaluation"):
-        test = [instruction_example(i) for i in shop.split("test")][: config.test_instructions]
-        environment = ShopEnvironment(shop, search, config.max_steps)
         runs = [(method, agent, path) for method, path in (("untrained", init), ("sft", sft_model))
                 for agent in AGENTS]  # fmt: skip
         runs += [(method, agent, path) for (method, agent), path in rl_models.items()]
@@ -302,6 +329,7 @@ def run_shop_demo(
         "config": asdict(config),
         "shop": {"products": len(shop.products), **{s: len(v) for s, v in splits.items()}},
         "teacher": teacher,
+        "copy_probe": copy_probe,
         "rl_rewards": rewards,
         "evaluations": evaluations,
         "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
@@ -325,6 +353,12 @@ def _shop_texts(catalogue: Catalogue, search: ShopSearch) -> list[str]:
         env.reset()
         texts.append(env.step(f"search[{kind}]")[0])
     return texts
+
+
+def _load(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
 
 
 def _record(trajectory: Any) -> dict[str, Any]:
@@ -436,6 +470,7 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
     )
     curves = "\n".join(f"- {name}: {_floats(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
+    probe = results["copy_probe"]
     text = f"""# Shop demo, seed {results["seed"]}
 
 Held-out test instructions of the tested shop ({results["shop"]}), greedy decoding.
@@ -444,6 +479,10 @@ Held-out test instructions of the tested shop ({results["shop"]}), greedy decodi
 
 Teacher (SFT data, {teacher["shops"]} shops of other seeds with the tested shop's ids):
 flaws {flaws}. Measured on its trajectories: {measured}.
+
+Copy probe (teacher-forced top-token accuracy on the {probe["id_tokens"]} product-id tokens
+of the ideal shopper's held-out trajectories): untrained {probe["init"]:.3f}, after the copy
+warm-up {probe["warm-up"]:.3f}, after SFT {probe["sft"]:.3f}.
 
 RL mean reward per step (rollouts at temperature {results["config"]["temperature"]}):
 {curves}

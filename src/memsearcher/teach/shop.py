@@ -15,14 +15,16 @@ attribute and whose price is within the limit. On its page, if an option the ins
 for is not offered, it goes back (``< Prev``) and opens the next such product; else it clicks
 each option and buys. Where a results page lists none it pages on, and where no page does it
 searches the target's exact title. Which of several matching products it buys is not the
-target's id, which no page gives away, but the first the pages show: a rule a model can learn. The flaws hold for any instruction, so what
-reward teaches on one carries to all; each draw is fixed by (seed, instruction, decision):
+target's id, which no page gives away, but the first the pages show: a rule a model can learn.
+The flaws hold for any instruction, so what reward teaches on one carries to all; each draw
+is fixed by (seed, instruction, decision):
 
-- ``vague_search``: the first search names only the product type ("t-shirt"), so the target
-  is rarely on the first results page and the teacher pages on to it: the long episodes;
+- ``vague_search``: the first search names only the product type ("t-shirt"), so a fitting
+  product is rarely on the first results page and the teacher pages on to one: the long
+  episodes;
 - ``first_result``: on the first results page it opens the first product of the right type
   instead of reading the titles and prices (a near-duplicate, or the over-priced copy, unless
-  the target happens to be first);
+  that one fits);
 - ``skip_options``: it buys without clicking the options.
 """
 
