@@ -1,2 +1,3 @@
 """How trajectories for SFT are made: the synthetic and Wikipedia oracles, the questions they
-answer, and the protocol data built from them (`memsearcher.teach.protocol_data`)."""
+answer, the protocol data built from them (`memsearcher.teach.protocol_data`), and the shop's
+teacher (`memsearcher.teach.shop`)."""
