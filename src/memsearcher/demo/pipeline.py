@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -164,20 +164,30 @@ OUTPUTS = {
 Echo = Callable[[str], None]
 
 
+class Stages:
+    """Times a run's named stages (``with stages("SFT"): ...``), echoing each start and end."""
+
+    def __init__(self, echo: Echo, prefix: str) -> None:
+        self.echo, self.prefix = echo, prefix
+        self.seconds: dict[str, float] = {}
+        """Seconds of each finished stage, by name."""
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        begun = time.perf_counter()
+        self.echo(f"{self.prefix} {name} ...")
+        yield
+        self.seconds[name] = round(time.perf_counter() - begun, 1)
+        self.echo(f"{self.prefix} {name}: {self.seconds[name]} s")
+
+
 def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print) -> dict[str, Any]:
     """Run every stage into ``out`` and return the results (also saved as results.json)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def stage(name: str) -> Iterator[None]:
-        begun = time.perf_counter()
-        echo(f"[demo] {name} ...")
-        yield
-        timings[name] = round(time.perf_counter() - begun, 1)
-        echo(f"[demo] {name}: {timings[name]} s")
+    stage = Stages(echo, "[demo]")
+    timings = stage.seconds
 
     with stage("world and index"):
         world = generate_world(replace(config.world, seed=seed))
@@ -310,8 +320,19 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     return results
 
 
-def sft_config(config: DemoConfig, data: Path, init: Path, output: Path, seed: int) -> SFTConfig:
-    """The demo's SFT run: ``config``'s steps and learning rate on ``data``, from ``init``."""
+class SFTBudget(Protocol):
+    """What a demo's config says of its SFT run (the QA demo's and the shop demo's)."""
+
+    @property
+    def sft_steps(self) -> int: ...
+    @property
+    def sft_sequences_per_step(self) -> int: ...
+    @property
+    def sft_lr(self) -> float: ...
+
+
+def sft_config(config: SFTBudget, data: Path, init: Path, output: Path, seed: int) -> SFTConfig:
+    """A demo's SFT run: ``config``'s steps and learning rate on ``data``, from ``init``."""
     return SFTConfig(
         data=str(data),
         output_dir=str(output),

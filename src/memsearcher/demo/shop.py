@@ -15,12 +15,11 @@ act in the tested shop, on instructions whose target products SFT never saw.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,13 +43,14 @@ from memsearcher.agent.environments.shop_world import (
 from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop_episodes
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
+from memsearcher.demo.pipeline import Stages, sft_config
 from memsearcher.eval.predictions import read_predictions
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import ScriptedLLM
-from memsearcher.rl.config import CriticConfig, GRPOConfig, ModelConfig, OptimConfig, SFTConfig
+from memsearcher.rl.config import CriticConfig, GRPOConfig, ModelConfig, OptimConfig
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
 from memsearcher.teach.shop import ShopFlaws, shop_policy
@@ -203,15 +203,8 @@ def run_shop_demo(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def stage(name: str) -> Iterator[None]:
-        begun = time.perf_counter()
-        echo(f"[shop demo] {name} ...")
-        yield
-        timings[name] = round(time.perf_counter() - begun, 1)
-        echo(f"[shop demo] {name}: {timings[name]} s")
+    stage = Stages(echo, "[shop demo]")
+    timings = stage.seconds
 
     with stage("shops"):
         shop = generate_catalogue(replace(config.shop, seed=seed))
@@ -275,7 +268,7 @@ def run_shop_demo(
         id_tokens = {tokenizer.encode(asin)[0] for asin in ids}
 
     with stage("SFT"):
-        train_sft(_sft_config(config, sft_data, warm, out / "sft", seed))
+        train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
         sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
         losses = _metric(out / "sft", "train/loss")
         echo(f"[shop demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
@@ -368,22 +361,6 @@ def _record(trajectory: Any) -> dict[str, Any]:
         "turns": len(trajectory.turns),
         "prompt_tokens": [turn.prompt_tokens for turn in trajectory.turns],
     }
-
-
-def _sft_config(
-    config: ShopDemoConfig, data: Path, init: Path, output: Path, seed: int
-) -> SFTConfig:
-    return SFTConfig(
-        data=str(data),
-        output_dir=str(output),
-        seed=seed,
-        steps=config.sft_steps,
-        sequences_per_step=config.sft_sequences_per_step,
-        save_every=config.sft_steps,
-        tensorboard=False,
-        model=ModelConfig(path=str(init), device="cpu"),
-        optim=OptimConfig(lr=config.sft_lr, warmup_steps=20, schedule="cosine"),
-    )
 
 
 def _rl_config(
