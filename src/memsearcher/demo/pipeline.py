@@ -60,6 +60,8 @@ __all__ = [
     "evaluate_questions",
     "grpo_config",
     "run_demo",
+    "load_model",
+    "read_metric",
     "sft_config",
 ]
 
@@ -258,11 +260,11 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
     with stage("SFT"):
         train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
         sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
-        losses = _metric(out / "sft", "train/loss")
+        losses = read_metric(out / "sft", "train/loss")
         echo(f"[demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         copy_probe = {}
         for name, path in (("warm-up", warm), ("sft", sft_model)):
-            correct, total = name_token_accuracy(_load(path), probe, name_ids)
+            correct, total = name_token_accuracy(load_model(path), probe, name_ids)
             copy_probe[name] = correct / max(total, 1)
         copy_probe["name_tokens"] = total
         echo(f"[demo] copy probe (held-out name tokens, teacher-forced): {copy_probe}")
@@ -273,7 +275,7 @@ def run_demo(out: str | Path, config: DemoConfig, seed: int, echo: Echo = print)
             output = out / f"grpo-{agent}"
             grpo = grpo_config(config, agent, grpo_folder, templates_file, sft_model, output, seed)
             train_grpo(grpo)
-            rewards = " ".join(f"{r:.2f}" for r in _metric(output, "reward/mean"))
+            rewards = " ".join(f"{r:.2f}" for r in read_metric(output, "reward/mean"))
             echo(f"[demo] GRPO ({agent}) reward per step: {rewards}")
             grpo_models[agent] = output / f"step-{config.grpo_steps}" / "model"
 
@@ -399,13 +401,15 @@ def _renamed_copy(world: World, copy: int, where: Path, split: str) -> RenamedCo
     return RenamedCopy(renamed, read_examples(files[split]), index)
 
 
-def _load(path: Path) -> Any:
+def load_model(path: Path) -> Any:
+    """A demo model saved at ``path``, for probing (transformers, on the CPU)."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path)
 
 
-def _metric(run: Path, key: str) -> list[float]:
+def read_metric(run: Path, key: str) -> list[float]:
+    """Every logged value of ``key`` in a training run's metrics.jsonl, in step order."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").open(encoding="utf-8")]
     return [row[key] for row in rows if key in row]
 

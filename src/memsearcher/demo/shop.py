@@ -43,7 +43,7 @@ from memsearcher.agent.environments.shop_world import (
 from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop_episodes
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
-from memsearcher.demo.pipeline import Stages, sft_config
+from memsearcher.demo.pipeline import Stages, load_model, read_metric, sft_config
 from memsearcher.eval.predictions import read_predictions
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm import load_tokenizer
@@ -270,11 +270,11 @@ def run_shop_demo(
     with stage("SFT"):
         train_sft(sft_config(config, sft_data, warm, out / "sft", seed))
         sft_model = out / "sft" / f"step-{config.sft_steps}" / "model"
-        losses = _metric(out / "sft", "train/loss")
+        losses = read_metric(out / "sft", "train/loss")
         echo(f"[shop demo] SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         copy_probe: dict[str, float] = {}
         for name, path in (("init", init), ("warm-up", warm), ("sft", sft_model)):
-            correct, total = name_token_accuracy(_load(path), probe, id_tokens)
+            correct, total = name_token_accuracy(load_model(path), probe, id_tokens)
             copy_probe[name] = correct / max(total, 1)
         copy_probe["id_tokens"] = total
         echo(f"[shop demo] copy probe (held-out id tokens, teacher-forced): {copy_probe}")
@@ -287,7 +287,7 @@ def run_shop_demo(
             output = out / "rl" / f"{method}-{agent}"
             rl = _rl_config(config, agent, advantage, templates_file, sft_model, output, seed)
             train_grpo(rl)
-            curve = rewards[f"{method}/{agent}"] = _metric(output, "reward/mean")
+            curve = rewards[f"{method}/{agent}"] = read_metric(output, "reward/mean")
             echo(f"[shop demo] {method} ({agent}) reward per step: {_floats(curve)}")
             rl_models[method, agent] = output / f"step-{config.rl_steps}" / "model"
 
@@ -348,12 +348,6 @@ def _shop_texts(catalogue: Catalogue, search: ShopSearch) -> list[str]:
     return texts
 
 
-def _load(path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path)
-
-
 def _record(trajectory: Any) -> dict[str, Any]:
     """A trajectory as the fields `shop_summary` reads."""
     return {
@@ -400,11 +394,6 @@ def _rl_config(
         critic=CriticConfig(lr=10 * config.rl_lr),
         agent=config.agent,
     )
-
-
-def _metric(run: Path, key: str) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").open(encoding="utf-8")]
-    return [row[key] for row in rows if key in row]
 
 
 def _floats(values: list[float]) -> str:

@@ -52,7 +52,7 @@ from memsearcher.agent.environments.shop_world import (
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 
-__all__ = ["ShopFlaws", "matches", "page_of", "shop_policy"]
+__all__ = ["ShopFlaws", "page_of", "shop_policy"]
 
 _NOTES = re.compile(r"<(think|memory)>(.*?)</\1>", re.DOTALL)
 _RESULTS = re.compile(r"Page (\d+) \(Total results: \d+\)")
@@ -155,9 +155,7 @@ def _next_action(
         return f"search[{keywords}]", f"searched {keywords}"
     opened = [n.removeprefix("opened ") for n in notes if n.startswith("opened ")]
     if page.kind == "results":
-        fits = [
-            a for a in page.clickables if a not in opened and matches(catalogue.product(a), goal)
-        ]
+        fits = [a for a in page.clickables if a not in opened and _fits(catalogue.product(a), goal)]
         pick = fits[0] if fits else None
         if page.number == 1 and not opened and flaws.draw(flaws.first_result, text, "first_result"):
             same_kind = [
@@ -180,7 +178,7 @@ def _next_action(
     return f"click[{BUY_NOW}]", None
 
 
-def matches(product: Product, goal: Goal) -> bool:
+def _fits(product: Product, goal: Goal) -> bool:
     """Whether a results page shows ``product`` as what ``goal`` asks for: its type, every
     attribute (all in its title) and a price within the limit."""
     return (
