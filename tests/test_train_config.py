@@ -305,8 +305,28 @@ def test_the_shop_section_is_checked_and_the_search_defaults_stay() -> None:
     assert (default.environment, default.reward, default.data) == ("search", "graded", "")
 
 
-def test_every_environment_has_a_task() -> None:
-    from memsearcher.rl.config import ENVIRONMENTS
-    from memsearcher.rl.tasks import TASKS
+def test_one_registry_entry_makes_an_environment_for_training_and_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A name added to `agent.tasks.ENVIRONMENTS` and nowhere else is one that the RL config,
+    the training task and evaluation all take (docs/architecture.md)."""
+    from memsearcher.agent.shop_agents import ShopEpisode
+    from memsearcher.agent.tasks import ENVIRONMENTS
+    from memsearcher.eval.run import EvalConfig
+    from memsearcher.llm import load_tokenizer
+    from memsearcher.llm.embedded import embedded_model_path
+    from memsearcher.rl.tasks import open_task
 
-    assert set(TASKS) == set(ENVIRONMENTS)
+    with pytest.raises(MemSearcherError, match="environment must be one of"):
+        load_config(GRPOConfig, None, ["environment=mart", "reward=environment"])
+    monkeypatch.setitem(ENVIRONMENTS, "mart", ENVIRONMENTS["shop"])
+    config = load_config(GRPOConfig, None, ["environment=mart", "reward=environment"])
+    with pytest.raises(MemSearcherError, match="reward must be environment"):
+        load_config(GRPOConfig, None, ["environment=mart"])
+    task = open_task(config)
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    episodes = task.start_episodes(task.questions[:2], tokenizer, None)
+    assert len(episodes) == 2 and all(isinstance(e, ShopEpisode) for e in episodes)
+    assert EvalConfig(environment="mart").environment == "mart"
+    with pytest.raises(ValueError, match="lockstep driver only"):
+        EvalConfig(environment="mart", driver="async")

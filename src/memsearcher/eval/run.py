@@ -33,14 +33,14 @@ import numpy as np
 
 from memsearcher.agent import (
     AgentConfig,
-    Episode,
     Templates,
     agent_type,
     run_lockstep,
     start_episodes,
 )
 from memsearcher.agent.environments import Environment
-from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
+from memsearcher.agent.shop_agents import ShopTemplates
+from memsearcher.agent.tasks import ENVIRONMENTS
 from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import (
@@ -94,12 +94,12 @@ class EvalConfig:
         agent_type(self.agent)
         if self.driver not in DRIVERS:
             raise ValueError(f"unknown driver {self.driver!r}; choose one of {sorted(DRIVERS)}")
-        if self.environment not in EPISODES:
+        if self.environment not in ENVIRONMENTS:
             raise ValueError(
-                f"unknown environment {self.environment!r}; choose one of {sorted(EPISODES)}"
+                f"unknown environment {self.environment!r}; choose one of {sorted(ENVIRONMENTS)}"
             )
-        if self.environment == "shop" and self.driver != "lockstep":
-            raise ValueError("the shop runs with the lockstep driver only")
+        if ENVIRONMENTS[self.environment].lockstep_only and self.driver != "lockstep":
+            raise ValueError(f"the {self.environment} runs with the lockstep driver only")
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -216,14 +216,6 @@ Done = Callable[[Trajectory], None]
 Failed = Callable[[QAExample, Exception], None]
 
 
-EPISODES: dict[str, Callable[..., Sequence[Episode[Any]]]] = {
-    "search": start_episodes,
-    "shop": start_shop_episodes,
-}
-"""How an environment's episodes start: ``(agent, examples, tokenizer, agent config,
-templates, max context tokens)``; the shop's templates are its own (None: the defaults)."""
-
-
 def _lockstep(
     examples: Sequence[QAExample],
     llm: Any,
@@ -234,7 +226,7 @@ def _lockstep(
     on_error: Failed,
 ) -> None:
     def answer(chunk: Sequence[QAExample]) -> list[Trajectory]:
-        episodes = EPISODES[config.environment](
+        episodes = ENVIRONMENTS[config.environment].start_episodes(
             config.agent, chunk, llm.tokenizer, config.agent_config, templates,
             llm.max_context_tokens,
         )  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any
 
 from memsearcher.agent.base import AgentConfig
 from memsearcher.agent.environments.shop_world import SPLITS, ShopConfig
+from memsearcher.agent.tasks import ENVIRONMENTS
 from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
 from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.cache import DEFAULT_CACHE_SIZE
@@ -20,7 +21,6 @@ from memsearcher.rl.schedules import SCHEDULES
 
 __all__ = [
     "ADVANTAGES",
-    "ENVIRONMENTS",
     "LEARNERS",
     "CriticConfig",
     "GRPOConfig",
@@ -43,10 +43,6 @@ MAX_MICRO_BATCH_TOKENS = 1 << 24
 ADVANTAGES = ("grpo", "gae")
 """grpo: each trajectory's group-normalized reward on all its tokens (DESIGN.md section 6);
 gae: PPO with a critic, per-token advantages by GAE (MEM1's algorithm, `memsearcher.rl.critic`)."""
-
-ENVIRONMENTS = ("search", "shop")
-"""What a run trains on (`memsearcher.rl.tasks.TASKS`): search QA over a retriever, or the
-generated shop (``environments.shop``)."""
 
 LEARNERS = ("per-turn", "packed")
 """How the learner lays out a trajectory's turns: one row each, or one packed row
@@ -390,16 +386,20 @@ def _check_grpo(config: GRPOConfig) -> None:
 
 
 def _check_environment(config: GRPOConfig) -> None:
-    """What each environment takes: the shop brings its own instructions, pages and reward;
-    search QA has no reward of its own to give."""
+    """What each environment takes (`agent.tasks.ENVIRONMENTS`): the reward is the
+    environment's where it gives one (the shop's) and the answer's where it gives none (search
+    QA); the shop brings its own instructions."""
     envs = list(ENVIRONMENTS)
     require(config, "environment", config.environment in envs, f"one of {envs}")
-    if config.environment == "search":
-        rule = "an answer reward with environment: search, whose environment gives none"
+    name = config.environment
+    if ENVIRONMENTS[name].own_reward:
+        rule = f"environment with environment: {name} (the reward it gives at the end)"
+        require(config, "reward", config.reward == "environment", rule)
+    else:
+        rule = f"an answer reward with environment: {name}, whose environment gives none"
         require(config, "reward", config.reward != "environment", rule)
+    if name != "shop":
         return
-    rule = "environment with environment: shop (the shop's WebShop reward at Buy Now)"
-    require(config, "reward", config.reward == "environment", rule)
     require(config, "shop_split", config.shop_split in SPLITS, f"one of {list(SPLITS)}")
     rule = "empty with environment: shop (its instructions come from shop and shop_split)"
     require(config, "data", not config.data, rule)

@@ -1,0 +1,108 @@
+"""The environments an agent can act in, by name: `ENVIRONMENTS`, the one registry that
+evaluation (``eval --env``) and the trainers (``environment`` in the RL config) read.
+
+An entry says how an agent's episodes start in the environment, which prompts they use, how a
+training run opens its questions and the environment they act in, and whether the environment
+gives a reward of its own. Adding an environment is its module in ``agent/environments/`` (with
+a function that starts each agent's episodes in it) and an entry here (docs/architecture.md).
+
+- ``search``: questions of a FlashRAG file (``data``), answered by searching a retriever
+  (``retriever``), as every agent was built to.
+- ``shop``: the instructions of one split (``shop_split``) of the generated shop (``shop``),
+  acted on in `ShopEnvironment`, rewarded by the shop at Buy Now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from memsearcher.agent import start_episodes
+from memsearcher.agent.base import AgentConfig, Episode
+from memsearcher.agent.environments import Environment
+from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
+from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+from memsearcher.agent.prompts import Templates
+from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
+from memsearcher.data.flashrag import read_examples
+from memsearcher.errors import MemSearcherError
+from memsearcher.llm.base import Tokenizer
+from memsearcher.retrieval import open_retriever
+from memsearcher.retrieval.base import Retriever
+from memsearcher.types import QAExample
+
+__all__ = ["ENVIRONMENTS", "EnvironmentKind", "Opened", "environment_kind"]
+
+StartEpisodes = Callable[
+    [str, Sequence[QAExample], Tokenizer, AgentConfig | None, Any, int | None],
+    Sequence[Episode[Any]],
+]
+"""``(agent, examples, tokenizer, agent config, templates, max context tokens)`` -> one fresh
+episode each; None for the config or the templates means the environment's defaults."""
+
+Opened = tuple[list[QAExample], Environment[Any, Any] | Retriever]
+"""A training run's questions, and what their episodes act on."""
+
+
+@dataclass(frozen=True)
+class EnvironmentKind:
+    """One entry of `ENVIRONMENTS`."""
+
+    start_episodes: StartEpisodes
+    templates: type[Any]
+    """The dataclass of its prompts; a ``templates`` file overrides any field
+    (`prompts.read_templates`)."""
+    open: Callable[[Any], Opened]
+    """A training run's questions and environment, from the run's config (the fields it
+    reads are the environment's own settings, `SearchSettings` and `ShopSettings` here)."""
+    own_reward: bool
+    """Whether an episode ends with the environment's reward (``reward: environment``);
+    else the trainers score its answer."""
+    lockstep_only: bool
+    """Whether it lacks an `AsyncEnvironment`, so that only the lockstep driver runs it."""
+
+
+class SearchSettings(Protocol):
+    data: str
+    retriever: str | None
+    retriever_cache: int
+
+
+class ShopSettings(Protocol):
+    shop: ShopConfig
+    shop_split: str
+
+
+def open_search(settings: SearchSettings) -> Opened:
+    """The questions of ``data``, over the retriever ``retriever`` names."""
+    questions = read_examples(settings.data)
+    if not questions:
+        raise MemSearcherError(f"{settings.data}: no questions to train on")
+    return questions, open_retriever(settings.retriever, settings.retriever_cache)
+
+
+def open_shop(settings: ShopSettings) -> Opened:
+    """The instructions of ``shop_split`` of the shop ``shop`` generates, in sessions of that
+    shop over its own BM25."""
+    catalogue = generate_catalogue(settings.shop)
+    questions = [instruction_example(i) for i in catalogue.split(settings.shop_split)]
+    if not questions:
+        raise MemSearcherError(
+            f"shop_split: the shop of {settings.shop} has no {settings.shop_split!r} instructions"
+        )
+    return questions, ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+
+
+ENVIRONMENTS: dict[str, EnvironmentKind] = {
+    "search": EnvironmentKind(start_episodes, Templates, open_search, False, False),
+    "shop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_shop, True, True),
+}
+
+
+def environment_kind(name: str) -> EnvironmentKind:
+    if name not in ENVIRONMENTS:
+        raise MemSearcherError(
+            f"unknown environment {name!r}; choose one of {sorted(ENVIRONMENTS)}"
+        )
+    return ENVIRONMENTS[name]
