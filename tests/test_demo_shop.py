@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
-from memsearcher.demo.shop import AGENTS, SHOP_OUTPUTS, SHOP_PRESETS, deal_ids
+from memsearcher.demo.shop import AGENTS, SHOP_OUTPUTS, SHOP_PRESETS, deal_ids, keyword_lookups
 from memsearcher.folders import MARKER
 
 QUICK = SHOP_PRESETS["quick"]
@@ -30,6 +30,18 @@ def test_an_sft_shop_has_the_tested_shops_ids_dealt_anew() -> None:
         assert new.text == old.text  # instructions never name an id
         target = dealt.product(new.goal.asin)
         assert target.title == other.product(old.goal.asin).title
+
+
+def test_the_keyword_warm_up_copies_each_instruction_into_the_teachers_search() -> None:
+    from memsearcher.teach.shop import search_keywords
+
+    catalogue = generate_catalogue(ShopConfig(families_per_category=2))
+    lookups = keyword_lookups([catalogue])
+    assert len(lookups) == len(catalogue.instructions)
+    for (message, reply), instruction in zip(lookups, catalogue.instructions, strict=True):
+        assert message == f"Search for: {instruction.text}"
+        assert reply == search_keywords(instruction.goal)
+        assert all(word in instruction.text for word in reply.split())
 
 
 def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from memsearcher.llm.scripted import ScriptedLLM
 from memsearcher.rl.config import CriticConfig, GRPOConfig, ModelConfig, OptimConfig
 from memsearcher.rl.train_grpo import train_grpo
 from memsearcher.rl.train_sft import train_sft
-from memsearcher.teach.shop import ShopFlaws, shop_policy
+from memsearcher.teach.shop import ShopFlaws, search_keywords, shop_policy
 
 __all__ = [
     "DEMO_SHOP_TEMPLATES",
@@ -196,6 +196,13 @@ def deal_ids(catalogue: Catalogue, ids: list[str], seed: int) -> Catalogue:
     return replace(catalogue, products=products, instructions=instructions)
 
 
+def keyword_lookups(catalogues: Sequence[Catalogue]) -> list[tuple[str, str]]:
+    """An instruction of ``catalogues`` and the ideal shopper's search for it: copying the
+    product's words out of the instruction is the first thing every episode does."""
+    return [(f"Search for: {i.text}", search_keywords(i.goal)) for c in catalogues
+            for i in c.instructions]  # fmt: skip
+
+
 def run_shop_demo(
     out: str | Path, config: ShopDemoConfig, seed: int, echo: Echo = print
 ) -> dict[str, Any]:
@@ -231,7 +238,8 @@ def run_shop_demo(
     with stage("copy warm-up"):
         warm = out / "models" / "copy"
         shutil.copytree(init, warm, dirs_exist_ok=True)
-        losses = warm_up_copying(warm, ids, config.copy_warmup_steps, seed)
+        lookups = [keyword_lookups(sft_shops)]
+        losses = warm_up_copying(warm, ids, config.copy_warmup_steps, seed, lookups=lookups)
         if losses:
             echo(f"[shop demo] copy warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 

@@ -52,7 +52,7 @@ from memsearcher.agent.environments.shop_world import (
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 
-__all__ = ["ShopFlaws", "page_of", "shop_policy"]
+__all__ = ["ShopFlaws", "page_of", "search_keywords", "shop_policy"]
 
 _NOTES = re.compile(r"<(think|memory)>(.*?)</\1>", re.DOTALL)
 _RESULTS = re.compile(r"Page (\d+) \(Total results: \d+\)")
@@ -151,7 +151,7 @@ def _next_action(
         elif flaws.draw(flaws.vague_search, text, "vague_search"):
             keywords = kind
         else:
-            keywords = " ".join([*goal.attributes, kind])
+            keywords = search_keywords(goal)
         return f"search[{keywords}]", f"searched {keywords}"
     opened = [n.removeprefix("opened ") for n in notes if n.startswith("opened ")]
     if page.kind == "results":
@@ -176,6 +176,12 @@ def _next_action(
             if value not in chosen:
                 return f"click[{value}]", f"chose {value}"
     return f"click[{BUY_NOW}]", None
+
+
+def search_keywords(goal: Goal) -> str:
+    """The ideal shopper's first search for ``goal``: its attributes and product type, as the
+    instruction words them."""
+    return " ".join([*goal.attributes, CATEGORIES[goal.category].kind])
 
 
 def _fits(product: Product, goal: Goal) -> bool:
