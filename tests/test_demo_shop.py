@@ -10,7 +10,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
-from memsearcher.demo.shop import AGENTS, SHOP_OUTPUTS, SHOP_PRESETS, deal_ids, keyword_lookups
+from memsearcher.demo.shop import (
+    AGENTS,
+    SHOP_OUTPUTS,
+    SHOP_PRESETS,
+    deal_ids,
+    keyword_lookups,
+    reward_gain,
+)
 from memsearcher.folders import MARKER
 
 QUICK = SHOP_PRESETS["quick"]
@@ -44,6 +51,19 @@ def test_the_keyword_warm_up_copies_each_instruction_into_the_teachers_search() 
         assert all(word in instruction.text for word in reply.split())
 
 
+def test_rls_gain_pairs_each_instruction_with_sfts_reward_on_it(tmp_path: Path) -> None:
+    rewards = {"sft": {"a": 1.0, "b": 0.5, "c": 0.0}, "grpo": {"c": 0.5, "a": 1.0, "b": 1.0}}
+    for method, by_id in rewards.items():  # the RL run saved its records in another order
+        folder = tmp_path / "eval" / f"{method}-mem1" / "test"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": i, "reward": reward}) for i, reward in by_id.items()]
+        (folder / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+    gain = reward_gain(tmp_path, "grpo", "mem1", resamples=2000)
+    assert gain["questions"] == 3
+    assert abs(gain["gain"] - 1.0 / 3) < 1e-12  # (0 + 0.5 + 0.5) / 3
+    assert gain["low"] == 0.0 and gain["high"] == 0.5  # no instruction lost reward
+
+
 def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "shop"
     done = subprocess.run(
@@ -69,17 +89,25 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
         assert [r["id"] for r in records] == test[: QUICK.test_instructions], key
         rewards = [r["reward"] or 0.0 for r in records]
         assert evaluation["mean_reward"] == sum(rewards) / len(rewards), key
+    rl_runs = methods - {f"{m}/{a}" for m in ("untrained", "sft") for a in AGENTS}
+    assert set(results["gains"]) == rl_runs
+    for key, gain in results["gains"].items():  # RL's reward minus SFT's, paired by instruction
+        agent = key.split("/")[1]
+        difference = (results["evaluations"][key]["mean_reward"]
+                      - results["evaluations"][f"sft/{agent}"]["mean_reward"])  # fmt: skip
+        assert gain["questions"] == len(test[: QUICK.test_instructions])
+        assert abs(gain["gain"] - difference) < 1e-9, key
+        assert gain["low"] <= gain["gain"] <= gain["high"]
     teacher = results["teacher"]
     assert teacher["flaws"] == asdict(QUICK.flaws)
     for agent in AGENTS:  # the flaws cost the teacher reward, and it still buys
         assert 0.3 < teacher[agent]["mean_reward"] < 1.0
-    assert set(results["rl_rewards"]) == methods - {
-        f"{m}/{a}" for m in ("untrained", "sft") for a in AGENTS
-    }
+    assert set(results["rl_rewards"]) == rl_runs
     probe = results["copy_probe"]
     assert probe["id_tokens"] > 0 and all(0 <= probe[k] <= 1 for k in ("init", "warm-up", "sft"))
     report = (out / "report.md").read_text()
     assert f"after SFT {probe['sft']:.3f}" in report
+    assert "RL minus SFT, mean reward" in report
     assert "| sft | memsearcher |" in report and "| ppo | mem1 |" in report
     assert "| ppo | mem1 |" in done.stdout
     assert {p.name for p in out.iterdir()} == {*SHOP_OUTPUTS, MARKER}

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from memsearcher.eval.report import paired_bootstrap
 from memsearcher.recipe.report import (
     analyse,
     behaviour,
     format_rollouts,
-    paired_bootstrap,
     rollouts,
 )
 from memsearcher.types import QAExample, Trajectory, Turn

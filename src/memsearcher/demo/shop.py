@@ -45,6 +45,7 @@ from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.pipeline import Stages, load_model, read_metric, sft_config
 from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.report import paired_bootstrap
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
@@ -325,6 +326,7 @@ def run_shop_demo(
             mean = result["shop"]["mean_reward"]
             echo(f"[shop demo] {method:>16} {agent:<11} reward {mean:.3f}")
 
+    gains = {f"{method}/{agent}": reward_gain(out, method, agent) for method, agent in rl_models}
     results = {
         "seed": seed,
         "config": asdict(config),
@@ -333,6 +335,7 @@ def run_shop_demo(
         "copy_probe": copy_probe,
         "rl_rewards": rewards,
         "evaluations": evaluations,
+        "gains": gains,
         "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -413,6 +416,14 @@ def read_shop_predictions(out: Path, method: str, agent: str) -> list[dict[str, 
     return read_predictions(out / "eval" / f"{method}-{agent}" / "test" / "predictions.jsonl")
 
 
+def reward_gain(out: Path, method: str, agent: str, resamples: int = 10_000) -> dict[str, Any]:
+    """The RL run's reward minus SFT's, instruction by instruction, for ``agent``: the mean and
+    its paired bootstrap 95% interval."""
+    before = {r["id"]: r["reward"] for r in read_shop_predictions(out, "sft", agent)}
+    after = read_shop_predictions(out, method, agent)
+    return paired_bootstrap([r["reward"] - before[r["id"]] for r in after], resamples)
+
+
 def format_shop_results(results: dict[str, Any]) -> str:
     """The results table as markdown: one row per (method, agent), on the test instructions."""
     lines = [
@@ -442,6 +453,10 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
         f"{teacher[agent]['success_rate']:.3f}, steps {teacher[agent]['mean_steps']:.2f}"
         for agent in AGENTS
     )
+    gains = "\n".join(
+        f"- {name}: {g['gain']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] over {g['questions']}"
+        for name, g in results["gains"].items()
+    )
     curves = "\n".join(f"- {name}: {_floats(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
     probe = results["copy_probe"]
@@ -450,6 +465,9 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
 Held-out test instructions of the tested shop ({results["shop"]}), greedy decoding.
 
 {format_shop_results(results)}
+
+RL minus SFT, mean reward, with its paired bootstrap 95% interval over the instructions:
+{gains}
 
 Teacher (SFT data, {teacher["shops"]} shops of other seeds with the tested shop's ids):
 flaws {flaws}. Measured on its trajectories: {measured}.

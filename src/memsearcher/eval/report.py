@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from memsearcher.data.flashrag import BENCHMARKS
 from memsearcher.errors import MemSearcherError
 
@@ -20,6 +22,7 @@ __all__ = [
     "draw_token_plots",
     "format_table",
     "load_rows",
+    "paired_bootstrap",
     "rows_from_summary",
     "table_cells",
 ]
@@ -235,3 +238,16 @@ def draw_objective_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> 
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+def paired_bootstrap(differences: Sequence[float], resamples: int, seed: int = 0) -> dict[str, Any]:
+    """The mean of ``differences`` and its 95% percentile-bootstrap interval: the questions are
+    resampled with replacement ``resamples`` times (numpy's generator, ``seed``)."""
+    values = np.asarray(differences, dtype=float)
+    if values.size == 0:
+        return {"questions": 0, "gain": None, "low": None, "high": None}
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"questions": int(values.size), "gain": float(values.mean()), "low": float(low),
+            "high": float(high)}  # fmt: skip

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from memsearcher.eval.predictions import latest_records, prediction_record, read_predictions
+from memsearcher.eval.report import paired_bootstrap
 from memsearcher.types import Trajectory
 
-__all__ = ["analyse", "format_rollouts", "paired_bootstrap", "rollouts", "write_report"]
+__all__ = ["analyse", "format_rollouts", "rollouts", "write_report"]
 
 BEHAVIOURS = {
     "searches_per_hop": "searches per hop of the question's chain",
@@ -162,19 +163,6 @@ def _paired(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -
     """EM after minus EM before, question by question (by id; both runs must hold it)."""
     scored = {r["id"]: r["em"] for r in before}
     return [r["em"] - scored[r["id"]] for r in after if r["id"] in scored]
-
-
-def paired_bootstrap(differences: Sequence[float], resamples: int, seed: int = 0) -> dict[str, Any]:
-    """The mean of ``differences`` and its 95% percentile-bootstrap interval: the questions are
-    resampled with replacement ``resamples`` times (numpy's generator, ``seed``)."""
-    values = np.asarray(differences, dtype=float)
-    if values.size == 0:
-        return {"questions": 0, "gain": None, "low": None, "high": None}
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"questions": int(values.size), "gain": float(values.mean()), "low": float(low),
-            "high": float(high)}  # fmt: skip
 
 
 # -- the report ---------------------------------------------------------------------------
