@@ -98,6 +98,18 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
         assert gain["questions"] == len(test[: QUICK.test_instructions])
         assert abs(gain["gain"] - difference) < 1e-9, key
         assert gain["low"] <= gain["gain"] <= gain["high"]
+    sampled = results["sampled"]  # every model again, sampled at the rollouts' temperature
+    assert set(sampled["evaluations"]) == methods and set(sampled["gains"]) == rl_runs
+    actions = {  # what the untrained model wrote, greedy and sampled
+        folder: [
+            [turn["action_text"] for turn in json.loads(line)["trajectory"]["turns"]]
+            for line in (out / folder / "untrained-react" / "test" / "predictions.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        for folder in ("eval", "eval-sampled")
+    }
+    assert actions["eval"] != actions["eval-sampled"]
     teacher = results["teacher"]
     assert teacher["flaws"] == asdict(QUICK.flaws)
     for agent in AGENTS:  # the flaws cost the teacher reward, and it still buys
@@ -107,7 +119,7 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
     assert probe["id_tokens"] > 0 and all(0 <= probe[k] <= 1 for k in ("init", "warm-up", "sft"))
     report = (out / "report.md").read_text()
     assert f"after SFT {probe['sft']:.3f}" in report
-    assert "RL minus SFT, mean reward" in report
+    assert "RL minus SFT, mean reward" in report and "## Sampled at temperature" in report
     assert "| sft | memsearcher |" in report and "| ppo | mem1 |" in report
     assert "| ppo | mem1 |" in done.stdout
     assert {p.name for p in out.iterdir()} == {*SHOP_OUTPUTS, MARKER}

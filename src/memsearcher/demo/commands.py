@@ -61,7 +61,7 @@ def _run_shop(args: argparse.Namespace) -> int:
     from memsearcher.demo.shop import (
         SHOP_OUTPUTS,
         SHOP_PRESETS,
-        format_shop_results,
+        format_decoding,
         run_shop_demo,
         write_shop_report,
     )
@@ -70,6 +70,9 @@ def _run_shop(args: argparse.Namespace) -> int:
     claim_folder(out, "demo-shop", "a shop demo run", SHOP_OUTPUTS.__contains__, args.overwrite)
     results = run_shop_demo(out, SHOP_PRESETS["quick" if args.quick else "full"], args.seed)
     report = write_shop_report(out, results)
-    print(format_shop_results(results))
+    print("greedy:\n" + format_decoding(results["evaluations"], results["gains"]))
+    sampled = results["sampled"]
+    print(f"\nsampled at temperature {sampled['temperature']}:")
+    print(format_decoding(sampled["evaluations"], sampled["gains"]))
     print(f"\nreport: {report}  (total {results['timings']['total']} s)")
     return 0

@@ -62,7 +62,10 @@ __all__ = [
     "SHOP_PRESETS",
     "ShopDemoConfig",
     "deal_ids",
+    "evaluate_shop_models",
+    "format_decoding",
     "format_shop_results",
+    "reward_gain",
     "run_shop_demo",
     "write_shop_report",
 ]
@@ -175,13 +178,20 @@ SHOP_OUTPUTS = {
     "teacher": "trajectories.jsonl: the teacher's trajectories of all three agents (SFT data)",
     "sft": "the SFT run (metrics.jsonl, step-N/model)",
     "rl": "<method>-<agent>/: each RL run (grpo, or ppo: PPO with a critic)",
-    "eval": "<method>-<agent>/: predictions and summary on the test instructions",
+    "eval": "<method>-<agent>/: predictions and summary on the test instructions, greedy",
+    "eval-sampled": "the same, sampled at the RL rollouts' temperature",
     "results.json": "every number of the run",
     "report.md": "the report",
 }
 """Every entry the shop demo writes into its folder, with what it holds."""
 
 Echo = Callable[[str], None]
+
+DECODINGS = {"greedy": "eval", "sampled": "eval-sampled"}
+"""How the test instructions are decoded, and the folder each evaluation goes to: greedily,
+and sampled at the RL rollouts' temperature. Greedy decoding can trap a memory agent: after an
+action that changes nothing (an invalid click), its next prompt is the same, so is its next
+action, to the turn limit. Sampling escapes, as in RL's own rollouts."""
 
 
 def deal_ids(catalogue: Catalogue, ids: list[str], seed: int) -> Catalogue:
@@ -304,29 +314,11 @@ def run_shop_demo(
         runs = [(method, agent, path) for method, path in (("untrained", init), ("sft", sft_model))
                 for agent in AGENTS]  # fmt: skip
         runs += [(method, agent, path) for (method, agent), path in rl_models.items()]
-        evaluations: dict[str, Any] = {}
-        loaded: dict[Path, HFModel] = {}
-        for method, agent, path in runs:
-            if path not in loaded:
-                loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
-            evaluation = EvalConfig(
-                agent=agent, agent_config=config.agent, environment="shop", batch_size=len(test)
-            )
-            target = out / "eval" / f"{method}-{agent}"
-            summary = run_eval(
-                {"test": test}, loaded[path], environment, evaluation, target, templates,
-                progress=False,
-            )  # fmt: skip
-            result = summary["datasets"]["test"]
-            evaluations[f"{method}/{agent}"] = {
-                **result["shop"],
-                "format_failure_rate": result["format_failure_rate"],
-                "mean_turns": result["mean_turns"],
-            }
-            mean = result["shop"]["mean_reward"]
-            echo(f"[shop demo] {method:>16} {agent:<11} reward {mean:.3f}")
+        evaluated = {
+            decoding: evaluate_shop_models(out, config, seed, runs, decoding, echo)
+            for decoding in DECODINGS
+        }
 
-    gains = {f"{method}/{agent}": reward_gain(out, method, agent) for method, agent in rl_models}
     results = {
         "seed": seed,
         "config": asdict(config),
@@ -334,8 +326,9 @@ def run_shop_demo(
         "teacher": teacher,
         "copy_probe": copy_probe,
         "rl_rewards": rewards,
-        "evaluations": evaluations,
-        "gains": gains,
+        "evaluations": evaluated["greedy"]["evaluations"],
+        "gains": evaluated["greedy"]["gains"],
+        "sampled": evaluated["sampled"],
         "timings": {**timings, "total": round(time.perf_counter() - started, 1)},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -411,27 +404,92 @@ def _floats(values: list[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
 
 
-def read_shop_predictions(out: Path, method: str, agent: str) -> list[dict[str, Any]]:
+def read_shop_predictions(
+    out: Path, method: str, agent: str, folder: str = "eval"
+) -> list[dict[str, Any]]:
     """The saved test predictions of one (method, agent) evaluation."""
-    return read_predictions(out / "eval" / f"{method}-{agent}" / "test" / "predictions.jsonl")
+    return read_predictions(out / folder / f"{method}-{agent}" / "test" / "predictions.jsonl")
 
 
-def reward_gain(out: Path, method: str, agent: str, resamples: int = 10_000) -> dict[str, Any]:
-    """The RL run's reward minus SFT's, instruction by instruction, for ``agent``: the mean and
-    its paired bootstrap 95% interval."""
-    before = {r["id"]: r["reward"] for r in read_shop_predictions(out, "sft", agent)}
-    after = read_shop_predictions(out, method, agent)
+def evaluate_shop_models(
+    out: Path,
+    config: ShopDemoConfig,
+    seed: int,
+    runs: Sequence[tuple[str, str, Path]],
+    decoding: str,
+    echo: Echo = print,
+) -> dict[str, Any]:
+    """Each (method, agent, model) of ``runs`` on the tested shop's test instructions, decoded
+    greedily or sampled (`DECODINGS`), into ``out/<folder>/<method>-<agent>``: the shop's
+    metrics per run, and each RL run's reward gain over SFT's (`reward_gain`)."""
+    shop = generate_catalogue(replace(config.shop, seed=seed))
+    test = [instruction_example(i) for i in shop.split("test")][: config.test_instructions]
+    environment = ShopEnvironment(shop, ShopSearch(shop.products), config.max_steps)
+    templates = ShopTemplates(**DEMO_SHOP_TEMPLATES)
+    folder = DECODINGS[decoding]
+    temperature = config.temperature if decoding == "sampled" else 0.0
+    evaluations: dict[str, Any] = {}
+    loaded: dict[Path, HFModel] = {}
+    for method, agent, path in runs:
+        if path not in loaded:
+            loaded[path] = HFModel.from_pretrained(str(path), device="cpu", batch_size=128)
+        evaluation = EvalConfig(
+            agent=agent, agent_config=config.agent, environment="shop", batch_size=len(test),
+            temperature=temperature, seed=seed,
+        )  # fmt: skip
+        target = out / folder / f"{method}-{agent}"
+        summary = run_eval(
+            {"test": test}, loaded[path], environment, evaluation, target, templates,
+            progress=False,
+        )  # fmt: skip
+        result = summary["datasets"]["test"]
+        evaluations[f"{method}/{agent}"] = {
+            **result["shop"],
+            "format_failure_rate": result["format_failure_rate"],
+            "mean_turns": result["mean_turns"],
+        }
+        mean = result["shop"]["mean_reward"]
+        echo(f"[shop demo] {decoding:>7} {method:>16} {agent:<11} reward {mean:.3f}")
+    gains = {
+        f"{method}/{agent}": reward_gain(out, method, agent, folder)
+        for method, agent, _ in runs
+        if method not in ("untrained", "sft")
+    }
+    return {"temperature": temperature, "evaluations": evaluations, "gains": gains}
+
+
+def reward_gain(
+    out: Path, method: str, agent: str, folder: str = "eval", resamples: int = 10_000
+) -> dict[str, Any]:
+    """The RL run's reward minus SFT's, instruction by instruction, for ``agent`` (evaluated
+    into ``out/folder``): the mean and its paired bootstrap 95% interval."""
+    before = {r["id"]: r["reward"] for r in read_shop_predictions(out, "sft", agent, folder)}
+    after = read_shop_predictions(out, method, agent, folder)
     return paired_bootstrap([r["reward"] - before[r["id"]] for r in after], resamples)
 
 
-def format_shop_results(results: dict[str, Any]) -> str:
+def format_decoding(evaluations: dict[str, Any], gains: dict[str, Any]) -> str:
+    """One decoding's results table, then each RL run's gain over SFT with its interval."""
+    lines = [
+        f"- {name}: {g['gain']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] over {g['questions']}"
+        for name, g in gains.items()
+    ]
+    return (
+        format_shop_results(evaluations)
+        + "\n\nRL minus SFT, mean reward, with its paired bootstrap 95% interval over the "
+        + "instructions:\n"
+        + "\n".join(lines)
+    )
+
+
+def format_shop_results(evaluations: dict[str, Any]) -> str:
     """The results table as markdown: one row per (method, agent), on the test instructions."""
     lines = [
         "| method | agent | mean reward | success | steps | peak tokens | episodes of 8+ steps: "
         "count, peak tokens | format failures |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for key, s in results["evaluations"].items():
+    for key, s in evaluations.items():
         method, agent = key.split("/")
         long = s["peak_prompt_tokens_long"]
         long_cell = f"{s['long_episodes']}, {long['mean']:.0f}" if long else "0, -"
@@ -453,21 +511,22 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
         f"{teacher[agent]['success_rate']:.3f}, steps {teacher[agent]['mean_steps']:.2f}"
         for agent in AGENTS
     )
-    gains = "\n".join(
-        f"- {name}: {g['gain']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] over {g['questions']}"
-        for name, g in results["gains"].items()
-    )
     curves = "\n".join(f"- {name}: {_floats(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
     probe = results["copy_probe"]
     text = f"""# Shop demo, seed {results["seed"]}
 
-Held-out test instructions of the tested shop ({results["shop"]}), greedy decoding.
+Held-out test instructions of the tested shop ({results["shop"]}).
 
-{format_shop_results(results)}
+## Greedy decoding
 
-RL minus SFT, mean reward, with its paired bootstrap 95% interval over the instructions:
-{gains}
+{format_decoding(results["evaluations"], results["gains"])}
+
+## Sampled at temperature {results["sampled"]["temperature"]} (the RL rollouts')
+
+{format_decoding(results["sampled"]["evaluations"], results["sampled"]["gains"])}
+
+## Training
 
 Teacher (SFT data, {teacher["shops"]} shops of other seeds with the tested shop's ids):
 flaws {flaws}. Measured on its trajectories: {measured}.
