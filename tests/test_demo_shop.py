@@ -16,8 +16,9 @@ from memsearcher.demo.shop import (
     SHOP_PRESETS,
     deal_ids,
     keyword_lookups,
-    reward_gain,
 )
+from memsearcher.demo.shop_report import format_decoding, reward_gain
+from memsearcher.eval.report import paired_bootstrap
 from memsearcher.folders import MARKER
 
 QUICK = SHOP_PRESETS["quick"]
@@ -51,17 +52,33 @@ def test_the_keyword_warm_up_copies_each_instruction_into_the_teachers_search() 
         assert all(word in instruction.text for word in reply.split())
 
 
+def _save_rewards(out: Path, method: str, rewards: list[tuple[str, float]]) -> None:
+    folder = out / "eval" / f"{method}-mem1" / "test"
+    folder.mkdir(parents=True)
+    lines = [json.dumps({"id": i, "reward": reward}) for i, reward in rewards]
+    (folder / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def test_rls_gain_pairs_each_instruction_with_sfts_reward_on_it(tmp_path: Path) -> None:
-    rewards = {"sft": {"a": 1.0, "b": 0.5, "c": 0.0}, "grpo": {"c": 0.5, "a": 1.0, "b": 1.0}}
-    for method, by_id in rewards.items():  # the RL run saved its records in another order
-        folder = tmp_path / "eval" / f"{method}-mem1" / "test"
-        folder.mkdir(parents=True)
-        lines = [json.dumps({"id": i, "reward": reward}) for i, reward in by_id.items()]
-        (folder / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+    _save_rewards(tmp_path, "sft", [("a", 1.0), ("b", 0.5), ("c", 0.0)])
+    _save_rewards(tmp_path, "grpo", [("c", 0.5), ("a", 1.0), ("b", 1.0)])  # another order
     gain = reward_gain(tmp_path, "grpo", "mem1", resamples=2000)
     assert gain["questions"] == 3
     assert abs(gain["gain"] - 1.0 / 3) < 1e-12  # (0 + 0.5 + 0.5) / 3
     assert gain["low"] == 0.0 and gain["high"] == 0.5  # no instruction lost reward
+
+
+def test_rls_gain_counts_each_instruction_once_and_only_where_sft_has_it(tmp_path: Path) -> None:
+    _save_rewards(tmp_path, "sft", [("a", 1.0), ("b", 0.5)])
+    # "a" was retried after an error (its last record counts); "d" SFT never evaluated
+    _save_rewards(tmp_path, "grpo", [("a", 0.0), ("b", 1.0), ("a", 1.0), ("d", 1.0)])
+    gain = reward_gain(tmp_path, "grpo", "mem1", resamples=2000)
+    assert gain["questions"] == 2
+    assert gain["gain"] == 0.25  # (0 + 0.5) / 2
+    nothing_shared = paired_bootstrap([], resamples=10)
+    report = format_decoding({}, {"grpo/mem1": gain, "grpo/memsearcher": nothing_shared})
+    assert "- grpo/mem1: +0.250" in report
+    assert "- grpo/memsearcher: no instruction evaluated for both RL and SFT" in report
 
 
 def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) -> None:

@@ -58,13 +58,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_shop(args: argparse.Namespace) -> int:
-    from memsearcher.demo.shop import (
-        SHOP_OUTPUTS,
-        SHOP_PRESETS,
-        format_decoding,
-        run_shop_demo,
-        write_shop_report,
-    )
+    from memsearcher.demo.shop import SHOP_OUTPUTS, SHOP_PRESETS, run_shop_demo
+    from memsearcher.demo.shop_report import format_decoding, write_shop_report
 
     out = Path(args.out or "demo-shop")
     claim_folder(out, "demo-shop", "a shop demo run", SHOP_OUTPUTS.__contains__, args.overwrite)

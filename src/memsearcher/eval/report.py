@@ -23,6 +23,7 @@ __all__ = [
     "format_table",
     "load_rows",
     "paired_bootstrap",
+    "paired_differences",
     "rows_from_summary",
     "table_cells",
 ]
@@ -238,6 +239,17 @@ def draw_objective_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> 
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+def paired_differences(
+    before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], metric: str
+) -> list[float]:
+    """``metric`` after minus before, question by question: records are matched by id, a
+    question only one run holds is left out, and a question saved twice counts by its last
+    record (as `latest_records` reads a predictions file)."""
+    scored = {r["id"]: r[metric] for r in before}
+    latest = {r["id"]: r[metric] for r in after}
+    return [value - scored[id_] for id_, value in latest.items() if id_ in scored]
 
 
 def paired_bootstrap(differences: Sequence[float], resamples: int, seed: int = 0) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from memsearcher.eval.predictions import latest_records, prediction_record, read_predictions
-from memsearcher.eval.report import paired_bootstrap
+from memsearcher.eval.report import paired_bootstrap, paired_differences
 from memsearcher.types import Trajectory
 
 __all__ = ["analyse", "format_rollouts", "rollouts", "write_report"]
@@ -53,7 +53,7 @@ def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
         before, after = records.get(f"sft/{agent}"), records.get(f"grpo/{agent}")
         if not before or not after:
             continue
-        pairs = {d: _paired(before[d], after[d]) for d in before if d in after}
+        pairs = {d: paired_differences(before[d], after[d], "em") for d in before if d in after}
         pairs["pooled"] = [p for d in list(pairs) for p in pairs[d]]
         gains[agent] = {d: paired_bootstrap(p, bootstrap) for d, p in pairs.items()}
     return {"runs": runs, "gains": gains}
@@ -157,12 +157,6 @@ def rollouts(run: Path, block: int = 10) -> list[dict[str, Any]]:
         {"steps": f"{first}-{first + block - 1}", "source": source, **describe(records)}
         for (first, source), records in sorted(blocks.items())
     ]
-
-
-def _paired(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[float]:
-    """EM after minus EM before, question by question (by id; both runs must hold it)."""
-    scored = {r["id"]: r["em"] for r in before}
-    return [r["em"] - scored[r["id"]] for r in after if r["id"] in scored]
 
 
 # -- the report ---------------------------------------------------------------------------
