@@ -44,7 +44,7 @@ from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.pipeline import Stages, load_model, read_metric, sft_config
-from memsearcher.demo.shop_report import reward_gain
+from memsearcher.demo.shop_report import format_curve, reward_gain
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
@@ -305,8 +305,7 @@ def run_shop_demo(
             rl = _rl_config(config, agent, advantage, templates_file, sft_model, output, seed)
             train_grpo(rl)
             curve = rewards[f"{method}/{agent}"] = read_metric(output, "reward/mean")
-            steps = " ".join(f"{r:.2f}" for r in curve)
-            echo(f"[shop demo] {method} ({agent}) reward per step: {steps}")
+            echo(f"[shop demo] {method} ({agent}) reward per step: {format_curve(curve)}")
             rl_models[method, agent] = output / f"step-{config.rl_steps}" / "model"
 
     with stage("evaluation"):

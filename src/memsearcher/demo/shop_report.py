@@ -11,10 +11,17 @@ from memsearcher.agent.shop_agents import SHOP_AGENTS
 from memsearcher.eval.predictions import latest_records, read_predictions
 from memsearcher.eval.report import paired_bootstrap, paired_differences
 
-__all__ = ["format_decoding", "format_shop_results", "reward_gain", "write_shop_report"]
+__all__ = [
+    "format_curve",
+    "format_decoding",
+    "format_shop_results",
+    "reward_gain",
+    "write_shop_report",
+]
 
 
-def _floats(values: list[float]) -> str:
+def format_curve(values: list[float]) -> str:
+    """A reward curve as one line of two-decimal numbers."""
     return " ".join(f"{v:.2f}" for v in values)
 
 
@@ -82,7 +89,7 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
         f"{teacher[agent]['success_rate']:.3f}, steps {teacher[agent]['mean_steps']:.2f}"
         for agent in SHOP_AGENTS
     )
-    curves = "\n".join(f"- {name}: {_floats(r)}" for name, r in results["rl_rewards"].items())
+    curves = "\n".join(f"- {name}: {format_curve(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
     probe = results["copy_probe"]
     text = f"""# Shop demo, seed {results["seed"]}
