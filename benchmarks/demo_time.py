@@ -13,7 +13,8 @@ criteria the demo must keep whatever makes it faster:
 - MemSearcher's EM at least ReAct's after GRPO;
 - MemSearcher's prompt flat (its last turn's mean prompt at most ``FLAT`` times its first's)
   while ReAct's grows (at least ``GROWS`` times);
-- the whole run within ``TARGET_SECONDS``.
+- the whole run within ``TARGET_SECONDS``: with ``--run``, the command's own wall time, from
+  Python's start to the written report; else the run's recorded total.
 
 With runs of two or more seeds, the gain must also stand above the spread of the gains across
 the seeds (max - min), as docs/demo.md asks. Times are what the run measured on its machine:
@@ -26,6 +27,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +57,21 @@ def growth(results: dict[str, Any], agent: str) -> float:
     return float(by_turn[-1] / by_turn[0])
 
 
-def criteria(results: dict[str, Any]) -> list[tuple[str, bool]]:
+def criteria(results: dict[str, Any], wall: float | None = None) -> list[tuple[str, bool]]:
+    """The demo's criteria on one run; ``wall``, the command's seconds from start to report
+    where this script ran it, stands for the run's own total (which leaves out Python's start
+    and the report)."""
     evaluations = results["evaluations"]
     memsearcher, react = (evaluations[f"sft+grpo/{a}"]["em"] for a in ("memsearcher", "react"))
     flat, grows = growth(results, "memsearcher"), growth(results, "react")
-    total = results["timings"]["total"]
+    total, what = (results["timings"]["total"], "total") if wall is None else (wall, "command")
     return [
         (f"GRPO - SFT on MemSearcher's EM {gain(results):+.3f} >= {MIN_GAIN}",
          gain(results) >= MIN_GAIN),
         (f"MemSearcher {memsearcher:.3f} >= ReAct {react:.3f} after GRPO", memsearcher >= react),
         (f"MemSearcher's prompt x{flat:.2f} over its turns (<= {FLAT})", flat <= FLAT),
         (f"ReAct's prompt x{grows:.2f} over its turns (>= {GROWS})", grows >= GROWS),
-        (f"total {total:.0f} s <= {TARGET_SECONDS} s", total <= TARGET_SECONDS),
+        (f"{what} {total:.0f} s <= {TARGET_SECONDS} s", total <= TARGET_SECONDS),
     ]  # fmt: skip
 
 
@@ -85,14 +90,14 @@ def stage_table(names: list[str], runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def report(paths: list[Path]) -> bool:
+def report(paths: list[Path], walls: dict[Path, float]) -> bool:
     runs = [load(path) for path in paths]
     names = [f"{path.name} (seed {r['seed']})" for path, r in zip(paths, runs, strict=True)]
     print(stage_table(names, runs))
     ok = True
-    for name, results in zip(names, runs, strict=True):
+    for name, path, results in zip(names, paths, runs, strict=True):
         print(f"\n{name}:")
-        for text, holds in criteria(results):
+        for text, holds in criteria(results, walls.get(path)):
             print(f"  [{'x' if holds else ' '}] {text}")
             ok &= holds
     seeds = {r["seed"]: gain(r) for r in runs}
@@ -112,15 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the demo's folder, with --run")
     args = parser.parse_args(argv)
     runs = list(args.runs)
+    walls: dict[Path, float] = {}
     if args.run:
         if args.out is None:
             parser.error("--run needs --out")
         command = [sys.executable, "-m", "memsearcher.cli", "demo", "--seed", str(args.seed)]
+        begun = time.perf_counter()
         subprocess.run([*command, "--out", str(args.out)], check=True)
+        walls[args.out] = time.perf_counter() - begun
+        print(
+            f"`memsearcher demo --seed {args.seed}`: {walls[args.out]:.0f} s from start to "
+            "report (the run's own total leaves out Python's start and the report)"
+        )
         runs.append(args.out)
     if not runs:
         parser.error("give finished demo folders, or --run --out DIR")
-    return 0 if report(runs) else 1
+    return 0 if report(runs, walls) else 1
 
 
 if __name__ == "__main__":
