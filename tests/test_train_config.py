@@ -286,7 +286,9 @@ SHOP = ["environment=shop", "reward=environment"]
         (["environment=web"], "environment must be one of ['search', 'shop'], got 'web'"),
         (["environment=shop"], "reward must be environment with environment: shop"),
         (["reward=environment"], "reward must be an answer reward with environment: search"),
-        ([*SHOP, "shop_split=dev"], "shop_split must be one of ['train', 'rl', 'test']"),
+        ([*SHOP, "shop_split=dev"], "shop_split must be one of ['train', 'rl', 'test'], or"),
+        ([*SHOP, "shop_split=rl+rl"], "shop_split must be one of ['train', 'rl', 'test'], or"),
+        ([*SHOP, "shop_split=train+dev"], "shop_split must be one of ['train', 'rl', 'test'],"),
         ([*SHOP, "data=q.jsonl"], "data must be empty with environment: shop"),
         ([*SHOP, "retriever=http://x"], "retriever must be null with environment: shop"),
     ],
@@ -303,6 +305,22 @@ def test_the_shop_section_is_checked_and_the_search_defaults_stay() -> None:
     assert (shop.shop.seed, shop.shop_split, shop.agent_name) == (4, "test", "memsearcher")
     default = GRPOConfig()
     assert (default.environment, default.reward, default.data) == ("search", "graded", "")
+
+
+def test_the_shop_trains_on_several_splits_joined_by_plus() -> None:
+    """``shop_split: train+rl`` trains on both splits' instructions, and never the test split's."""
+    from memsearcher.agent.environments.shop_world import generate_catalogue
+    from memsearcher.rl.tasks import open_task
+
+    small = [*SHOP, "shop.families_per_category=1"]
+    config = load_config(GRPOConfig, None, [*small, "shop_split=train+rl"])
+    shop = generate_catalogue(config.shop)
+    by_split = {s: {i.id for i in shop.split(s)} for s in ("train", "rl", "test")}
+    assert all(by_split.values())
+    trained = {q.id for q in open_task(config).questions}
+    assert trained == by_split["train"] | by_split["rl"]
+    rl_only = load_config(GRPOConfig, None, small)
+    assert {q.id for q in open_task(rl_only).questions} == by_split["rl"]
 
 
 def test_one_registry_entry_makes_an_environment_for_training_and_evaluation(

@@ -8,8 +8,9 @@ a function that starts each agent's episodes in it) and an entry here (docs/arch
 
 - ``search``: questions of a FlashRAG file (``data``), answered by searching a retriever
   (``retriever``), as every agent was built to.
-- ``shop``: the instructions of one split (``shop_split``) of the generated shop (``shop``),
-  acted on in `ShopEnvironment`, rewarded by the shop at Buy Now.
+- ``shop``: the instructions of one split of the generated shop (``shop``), or of several
+  joined by ``+`` (``shop_split``, e.g. ``train+rl``), acted on in `ShopEnvironment`, rewarded
+  by the shop at Buy Now.
 """
 
 from __future__ import annotations
@@ -83,10 +84,11 @@ def open_search(settings: SearchSettings) -> Opened:
 
 
 def open_shop(settings: ShopSettings) -> Opened:
-    """The instructions of ``shop_split`` of the shop ``shop`` generates, in sessions of that
-    shop over its own BM25."""
+    """The instructions of ``shop_split`` (one split, or several joined by ``+``) of the shop
+    ``shop`` generates, in sessions of that shop over its own BM25."""
     catalogue = generate_catalogue(settings.shop)
-    questions = [instruction_example(i) for i in catalogue.split(settings.shop_split)]
+    splits = settings.shop_split.split("+")
+    questions = [instruction_example(i) for s in splits for i in catalogue.split(s)]
     if not questions:
         raise MemSearcherError(
             f"shop_split: the shop of {settings.shop} has no {settings.shop_split!r} instructions"

@@ -162,7 +162,8 @@ class GRPOConfig:
     """search: the questions of ``data`` over ``retriever``; shop: the instructions of the
     generated shop (``shop``, ``shop_split``) in its pages, with reward: environment."""
     shop_split: str = "rl"
-    """The shop's instructions to train on: train, rl or test (environment: shop)."""
+    """The shop's instructions to train on (environment: shop): train, rl or test, or several
+    joined by ``+`` (``train+rl``: the demo's SFT never sees the tested shop's train split)."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE
@@ -400,7 +401,9 @@ def _check_environment(config: GRPOConfig) -> None:
         require(config, "reward", config.reward != "environment", rule)
     if name != "shop":
         return
-    require(config, "shop_split", config.shop_split in SPLITS, f"one of {list(SPLITS)}")
+    splits = config.shop_split.split("+")
+    known = set(splits) <= set(SPLITS) and len(set(splits)) == len(splits)
+    require(config, "shop_split", known, f"one of {list(SPLITS)}, or several joined by +")
     rule = "empty with environment: shop (its instructions come from shop and shop_split)"
     require(config, "data", not config.data, rule)
     rule = "null with environment: shop (it searches its own products)"
