@@ -344,6 +344,31 @@ def test_step_limit_ends_with_reward_zero(catalogue: Catalogue, search: ShopSear
     assert page.startswith("Invalid action: the episode is over") and reward == 0.0 and done
 
 
+def test_repeat_ends_stops_an_invalid_action_written_twice_in_a_row(
+    catalogue: Catalogue, search: ShopSearch
+) -> None:
+    """Only with ``repeat_ends``, and only the same invalid action right after itself: the
+    fixed point a memory agent's greedy decoding stays in, as its prompt does not change."""
+    bad, other = "click[B0NOTHERE0]", "click[< prev]"
+    env = env_for(catalogue, search)
+    env.step("search[cotton]")
+    for _ in range(3):
+        _, reward, done, info = env.step(bad)
+        assert not done and not info["valid"] and "repeated" not in info
+    env = ShopEnv(catalogue, search, catalogue.split("test")[0], repeat_ends=True)
+    env.reset()
+    env.step("search[cotton]")
+    for action in (bad, other, bad, "click[next >]", bad):  # never twice in a row
+        _, _, done, _ = env.step(action)
+        assert not done
+    page, reward, done, info = env.step(bad)
+    assert done and reward == 0.0 and info == {"valid": False, "repeated": True}
+    assert page.startswith("Invalid action: ")
+    env.reset()
+    env.step(bad)
+    assert not env.done, "reset forgets the last invalid action"
+
+
 def test_reset_starts_a_fresh_episode(catalogue: Catalogue, search: ShopSearch) -> None:
     env = env_for(catalogue, search)
     start = env.observation()

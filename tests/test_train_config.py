@@ -323,6 +323,21 @@ def test_the_shop_trains_on_several_splits_joined_by_plus() -> None:
     assert {q.id for q in open_task(rl_only).questions} == by_split["rl"]
 
 
+@pytest.mark.parametrize("repeat_ends", [False, True])
+def test_shop_repeat_ends_reaches_the_training_shop(repeat_ends: bool) -> None:
+    from memsearcher.agent.environments.base import ShopAction
+    from memsearcher.rl.tasks import open_task
+
+    small = [*SHOP, "shop.families_per_category=1", f"shop_repeat_ends={repeat_ends}"]
+    task = open_task(load_config(GRPOConfig, None, small))
+    session = f"{task.questions[0].id}#0"
+    pages = [
+        task.environment.act([ShopAction(session, text)])[0]
+        for text in ("", "search[cotton]", "click[B0NOTHERE0]", "click[B0NOTHERE0]")
+    ]
+    assert [page.done for page in pages] == [False, False, False, repeat_ends]
+
+
 def test_one_registry_entry_makes_an_environment_for_training_and_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -73,6 +73,7 @@ class SearchSettings(Protocol):
 class ShopSettings(Protocol):
     shop: ShopConfig
     shop_split: str
+    shop_repeat_ends: bool
 
 
 def open_search(settings: SearchSettings) -> Opened:
@@ -93,7 +94,8 @@ def open_shop(settings: ShopSettings) -> Opened:
         raise MemSearcherError(
             f"shop_split: the shop of {settings.shop} has no {settings.shop_split!r} instructions"
         )
-    return questions, ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+    search = ShopSearch(catalogue.products)
+    return questions, ShopEnvironment(catalogue, search, repeat_ends=settings.shop_repeat_ends)
 
 
 ENVIRONMENTS: dict[str, EnvironmentKind] = {

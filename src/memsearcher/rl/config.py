@@ -164,6 +164,10 @@ class GRPOConfig:
     shop_split: str = "rl"
     """The shop's instructions to train on (environment: shop): train, rl or test, or several
     joined by ``+`` (``train+rl``: the demo's SFT never sees the tested shop's train split)."""
+    shop_repeat_ends: bool = False
+    """environment: shop: an invalid action written again right after itself ends the episode
+    with reward 0 (`ShopEnv`), so that RL pays for leaving the page a memory agent would
+    otherwise loop on under greedy decoding."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE

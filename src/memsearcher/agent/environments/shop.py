@@ -16,7 +16,11 @@ the project's own BM25 (``retrieval/bm25.py``, bm25s's scores). It differs from 
   agent goes ``Back to Search`` as a person would;
 - an invalid action gives the current page again, after a line saying why, and counts as a
   step (WebShop gives the page again, silently);
-- an episode ends with reward 0 when ``max_steps`` actions pass without buying.
+- an episode ends with reward 0 when ``max_steps`` actions pass without buying;
+- with ``repeat_ends``, an invalid action written again right after itself, on the page it left
+  unchanged, ends the episode with reward 0 (an option for RL's rollouts, off by default: a
+  memory agent's prompt is then the same as the turn before, so a greedy decoder would write
+  it again to the step limit, and sampling seldom pays for it).
 """
 
 from __future__ import annotations
@@ -217,14 +221,17 @@ class ShopEnv:
         search: ShopSearch,
         instruction: Instruction,
         max_steps: int = 15,
+        repeat_ends: bool = False,
     ) -> None:
         self.products = {p.asin: p for p in catalogue.products}
         self.search = search
         self.instruction = instruction
         self.max_steps = max_steps
+        self.repeat_ends = repeat_ends
         self.state = PageState()
         self.steps = 0
         self.done = False
+        self.last_invalid: str | None = None
 
     @property
     def goal(self) -> Goal:
@@ -233,6 +240,7 @@ class ShopEnv:
     def reset(self) -> str:
         """Start on the search page; returns its text."""
         self.state, self.steps, self.done = PageState(), 0, False
+        self.last_invalid = None
         return self.observation()
 
     def elements(self) -> list[Element]:
@@ -247,7 +255,7 @@ class ShopEnv:
         """Apply ``action``; returns (observation, reward, done, info). Never raises on a bad
         action: the observation says what was wrong and ``info["valid"]`` is False. At Buy Now,
         ``info`` also holds ``bought`` (the id), ``options`` and the reward's parts; at the step
-        limit, ``truncated``."""
+        limit, ``truncated``; where ``repeat_ends`` ends the episode, ``repeated``."""
         if self.done:
             over = invalid_observation(EPISODE_OVER, self.observation())
             return over, 0.0, True, {"valid": False}
@@ -259,6 +267,10 @@ class ShopEnv:
             self.state = PageState("results", parsed[1], self.search.search(parsed[1]))
         elif parsed is not None:
             reward, info = self._click(parsed[1])
+        if error is not None and self.repeat_ends and action == self.last_invalid:
+            self.done = True
+            info["repeated"] = True
+        self.last_invalid = action if error is not None else None
         if not self.done and self.steps >= self.max_steps:
             self.done = True
             info["truncated"] = True
@@ -315,10 +327,17 @@ class ShopEnvironment(Environment[ShopAction, Page]):
     empty action on the instruction the session names (`ShopAction`) and showing its start
     page, then stepped by each action. A session that ended is closed; opening a session
     again starts it afresh, so an episode cut short (a format error) leaves nothing behind
-    once its name is used again."""
+    once its name is used again. ``max_steps`` and ``repeat_ends`` are `ShopEnv`'s."""
 
-    def __init__(self, catalogue: Catalogue, search: ShopSearch, max_steps: int = 15) -> None:
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        search: ShopSearch,
+        max_steps: int = 15,
+        repeat_ends: bool = False,
+    ) -> None:
         self.catalogue, self.search, self.max_steps = catalogue, search, max_steps
+        self.repeat_ends = repeat_ends
         self.instructions = {i.id: i for i in catalogue.instructions}
         self.sessions: dict[str, ShopEnv] = {}
 
@@ -331,7 +350,9 @@ class ShopEnvironment(Environment[ShopAction, Page]):
             instruction = self.instructions.get(name)
             if instruction is None:
                 return ActionRefused(f"no instruction {name!r} in this shop")
-            env = ShopEnv(self.catalogue, self.search, instruction, self.max_steps)
+            env = ShopEnv(
+                self.catalogue, self.search, instruction, self.max_steps, self.repeat_ends
+            )
             self.sessions[action.session] = env
             return Page(env.reset())
         env_or_none = self.sessions.get(action.session)
