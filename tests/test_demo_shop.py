@@ -132,6 +132,8 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
     for agent in AGENTS:  # the flaws cost the teacher reward, and it still buys
         assert 0.3 < teacher[agent]["mean_reward"] < 1.0
     assert set(results["rl_rewards"]) == rl_runs
+    for run in (out / "rl").iterdir():  # RL's shop ends a repeated invalid action; eval's not
+        assert json.loads((run / "config.json").read_text())["shop_repeat_ends"] is True
     probe = results["copy_probe"]
     assert probe["id_tokens"] > 0 and all(0 <= probe[k] <= 1 for k in ("init", "warm-up", "sft"))
     report = (out / "report.md").read_text()

@@ -148,6 +148,11 @@ class ShopDemoConfig:
     """Rollout sampling temperature (and the sampled evaluation's). Measured on seed 0, GRPO's
     greedy gain over SFT was MemSearcher -0.03 / +0.02 / -0.14 at 0.7 / 0.4 / 0.2, MEM1 -0.08 /
     +0.06 at 0.7 / 0.4 (docs/environments.md, with seed 1)."""
+    rl_repeat_ends: bool = True
+    """In RL's rollouts, an invalid action written again right after itself ends the episode
+    with reward 0 (`ShopEnv`'s ``repeat_ends``; evaluation keeps the plain shop). Greedy
+    decoding repeats it to the step limit, as a memory agent's prompt does not change; sampled
+    rollouts escape often enough that RL did not learn to leave it (docs/environments.md)."""
     test_instructions: int = 200
     """Held-out test instructions evaluated per (method, agent), at most."""
 
@@ -374,6 +379,7 @@ def _rl_config(
         reward="environment",
         shop=replace(config.shop, seed=seed),
         shop_split="rl",
+        shop_repeat_ends=config.rl_repeat_ends,
         output_dir=str(output),
         agent_name=agent,
         advantage=advantage,
