@@ -13,7 +13,14 @@ agent (whose sequences share a system prompt), run whole and with the prefix com
 micro-batch, side by side; the ratio of their times is printed. Real tokens count every row's
 prompt, so both rows report the same work.
 
+Last, the bucketed layout again under bfloat16 autocast (``model.autocast: bfloat16``, the
+trainers' key), in the same run: the ratio to float32 says what a CPU's bf16 units (AVX-512
+BF16, AMX) give the learner; on a CPU without them it is slower. ``--lora 16`` trains a rank-16
+LoRA on every projection instead of every weight, as the embedded agent's recipe does, and
+``--rows`` times only the rows named (the 135M model's full set takes an hour on two cores).
+
     python benchmarks/learner.py [--questions 24] [--budget 6144] [--model embedded|tiny]
+        [--lora 16] [--rows bucketed,bfloat16]
 """
 
 from __future__ import annotations
@@ -60,12 +67,19 @@ def agent_sequences(tokenizer: HFTokenizer, questions: int, seed: int) -> list[T
     return sequences
 
 
-def time_pass(model: torch.nn.Module, batches: list[MicroBatch], repeats: int) -> float:
+ROWS = ("bucketed", "naive", "by-agent", "shared", "bfloat16")
+"""The layouts timed: bucketed, naive and per-agent micro-batches in float32, the per-agent ones
+with the prefix shared, and the bucketed ones under bfloat16 autocast."""
+
+
+def time_pass(
+    model: torch.nn.Module, batches: list[MicroBatch], repeats: int, compute: str | None = None
+) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         for batch in batches:
-            logprobs = sequence_logprobs(model, batch)
+            logprobs = sequence_logprobs(model, batch, compute=compute)
             (logprobs * batch.loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
         best = min(best, time.perf_counter() - start)
@@ -79,7 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=["embedded", "tiny"], default="tiny")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank; 0: train every weight")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help="comma-separated, of " + ",".join(ROWS)
+    )
     args = parser.parse_args(argv)
+    wanted = args.rows.split(",")
+    if unknown := set(wanted) - set(ROWS):
+        parser.error(f"unknown rows: {', '.join(sorted(unknown))}")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
         folder = save_tiny_model(Path(tempfile.mkdtemp()) / "tiny", hidden=128, layers=4)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lora = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules=targets)
+        model = get_peft_model(model, lora)
     sequences = agent_sequences(HFTokenizer(tokenizer), args.questions, args.seed)
     lengths = [len(s.input_ids) for s in sequences]
     pad = tokenizer.pad_token_id
@@ -106,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     real = sum(lengths)
     print(
         f"{len(sequences)} sequences, {real} tokens (lengths {min(lengths)}..{max(lengths)}), "
-        f"{len(ours)} micro-batches, model {args.model}, {torch.get_num_threads()} threads"
+        f"{len(ours)} micro-batches, model {args.model}, LoRA rank {args.lora}, "
+        f"{torch.get_num_threads()} threads"
     )
     groups: dict[tuple[int, ...], list[int]] = {}
     for index, sequence in enumerate(sequences):
@@ -119,16 +147,23 @@ def main(argv: list[str] | None = None) -> None:
     whole = [collate(sequences, plan, pad) for plan in plans]
     shared = [collate(sequences, plan, pad, share_prefix=True) for plan in plans]
     seconds: dict[str, float] = {}
-    rows = (("bucketed", ours), ("naive", naive), ("by agent", whole), ("shared", shared))
-    for name, batches in rows:
-        seconds[name] = time_pass(model, batches, args.repeats)
+    layouts = {"bucketed": ours, "naive": naive, "by-agent": whole, "shared": shared,
+               "bfloat16": ours}  # fmt: skip
+    for name in wanted:
+        batches = layouts[name]
+        compute = "bfloat16" if name == "bfloat16" else None
+        seconds[name] = time_pass(model, batches, args.repeats, compute)
         processed = sum(b.padded_tokens for b in batches)
         print(
             f"{name:9s} padding {padding_share(batches):6.1%} of {processed} processed tokens; "
             f"{real / seconds[name]:8.0f} real tokens/s (fwd+bwd, {seconds[name]:.2f}s)"
         )
-    ratio = seconds["shared"] / seconds["by agent"]
-    print(f"shared prefix / whole rows (same micro-batches): {ratio:.2f}x the time")
+    if "shared" in seconds and "by-agent" in seconds:
+        ratio = seconds["shared"] / seconds["by-agent"]
+        print(f"shared prefix / whole rows (same micro-batches): {ratio:.2f}x the time")
+    if "bfloat16" in seconds and "bucketed" in seconds:
+        ratio = seconds["bucketed"] / seconds["bfloat16"]
+        print(f"float32 / bfloat16 autocast (bucketed micro-batches): {ratio:.2f}x")
 
 
 if __name__ == "__main__":
