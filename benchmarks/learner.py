@@ -15,8 +15,9 @@ prompt, so both rows report the same work.
 
 Last, the bucketed layout again under bfloat16 autocast (``model.autocast: bfloat16``, the
 trainers' key), in the same run: the ratio to float32 says what a CPU's bf16 units (AVX-512
-BF16, AMX) give the learner; on a CPU without them it is slower. ``--lora 16`` trains a rank-16
-LoRA on every projection instead of every weight, as the embedded agent's recipe does, and
+BF16, AMX) give the learner; on a CPU without them it is no faster. ``--lora 16`` trains a
+rank-16 LoRA instead of every weight, loaded as the embedded agent's recipe loads its policy
+(`load_policy`, on the targets of ``configs/embedded-agent.yaml``), and
 ``--rows`` times only the rows named (the 135M model's full set takes an hour on two cores).
 
     python benchmarks/learner.py [--questions 24] [--budget 6144] [--model embedded|tiny]
@@ -30,15 +31,18 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.agent.replay import search_then_answer
+from memsearcher.config import load_config
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.recipe.embedded_agent import RecipeConfig
 from memsearcher.retrieval import load_embedded_retriever
 from memsearcher.rl.batching import (
     MicroBatch,
@@ -47,7 +51,11 @@ from memsearcher.rl.batching import (
     plan_micro_batches,
     sequence_logprobs,
 )
+from memsearcher.rl.distributed import init_runtime
+from memsearcher.rl.policy import load_policy, resolve_precision
 from memsearcher.types import QAExample, TokenSequence
+
+RECIPE = Path(__file__).parent.parent / "configs" / "embedded-agent.yaml"
 
 
 def agent_sequences(tokenizer: HFTokenizer, questions: int, seed: int) -> list[TokenSequence]:
@@ -113,13 +121,13 @@ def main(argv: list[str] | None = None) -> None:
 
         folder = save_tiny_model(Path(tempfile.mkdtemp()) / "tiny", hidden=128, layers=4)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    if args.lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        lora = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules=targets)
-        model = get_peft_model(model, lora)
+    if args.lora:  # the recipe's own policy loader, on the recipe's LoRA targets
+        recipe = load_config(RecipeConfig, RECIPE)
+        config = replace(recipe.grpo.model, path=str(folder), lora_rank=args.lora,
+                         lora_alpha=2 * args.lora, device="cpu")  # fmt: skip
+        model, _ = load_policy(config, init_runtime("cpu"), resolve_precision(config, "cpu"))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     sequences = agent_sequences(HFTokenizer(tokenizer), args.questions, args.seed)
     lengths = [len(s.input_ids) for s in sequences]
     pad = tokenizer.pad_token_id
