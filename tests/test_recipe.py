@@ -110,6 +110,32 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         claim(out, replace(config, rl_one_hop=3))
 
 
+def test_an_interrupted_stage_keeps_its_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe's stages resume from checkpoints, so a run stopped mid-stage (Ctrl-C) and
+    started again is a normal way to build it: the time spent before the stop must count in
+    timings.json, which the report prints, or a resumed stage reports only its last part. (A
+    killed process or a machine reset writes nothing; GRPO's metrics.jsonl keeps each step's
+    time.)"""
+    from types import SimpleNamespace
+
+    from memsearcher.recipe import embedded_agent
+
+    clock = iter([10.0, 130.0])
+    monkeypatch.setattr(embedded_agent, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded_agent, "build_data", stopped)
+    out = tmp_path / "run"
+    config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
+    with pytest.raises(KeyboardInterrupt):
+        embedded_agent.run_recipe(config, echo=lambda line: None)
+    assert json.loads((out / "timings.json").read_text()) == {"data": 120.0}
+
+
 def _lora():  # type: ignore[no-untyped-def]
     from memsearcher.rl.config import ModelConfig, SFTConfig
 

@@ -143,12 +143,15 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     def stage(name: str) -> Iterator[None]:
         begun = time.perf_counter()
         echo(f"[recipe] {name} ...")
-        yield
-        # a resumed stage adds its time to the earlier runs'; one found done adds nothing
-        seconds = time.perf_counter() - begun
-        if seconds >= 5:
-            timings[name] = round(timings.get(name, 0.0) + seconds, 1)
-        timings_file.write_text(json.dumps(timings, indent=2) + "\n", "utf-8")
+        try:
+            yield
+        finally:
+            # a resumed stage adds its time to the earlier runs', an interrupted one's
+            # included; one found done adds nothing
+            seconds = time.perf_counter() - begun
+            if seconds >= 5:
+                timings[name] = round(timings.get(name, 0.0) + seconds, 1)
+            timings_file.write_text(json.dumps(timings, indent=2) + "\n", "utf-8")
         echo(f"[recipe] {name}: {timings.get(name, 0.0)} s")
 
     with stage("data"):
