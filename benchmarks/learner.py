@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
         folder = save_tiny_model(Path(tempfile.mkdtemp()) / "tiny", hidden=128, layers=4)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if args.lora:  # the recipe's own policy loader, on the recipe's LoRA targets
+    if args.lora:  # loaded as the recipe loads its policy, so the rows time what it trains
         recipe = load_config(RecipeConfig, RECIPE)
         config = replace(recipe.grpo.model, path=str(folder), lora_rank=args.lora,
                          lora_alpha=2 * args.lora, device="cpu")  # fmt: skip

@@ -122,6 +122,8 @@ def test_an_interrupted_stage_keeps_its_time(
 
     from memsearcher.recipe import embedded_agent
 
+    # a stand-in clock and data stage: a real Ctrl-C cannot be timed exactly, and the recipe
+    # counts only stages of 5 s or more
     clock = iter([10.0, 130.0])
     monkeypatch.setattr(embedded_agent, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
 
