@@ -79,8 +79,19 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     assert main([*args, *overrides]) == 0
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == before
 
+    # more GRPO steps: GRPO trains on from its step-1 checkpoints, and what one step made is
+    # moved aside, then made again from step 2 and evaluated
+    assert main([*args, *overrides, "grpo.steps=2"]) == 0
+    aside = run / "superseded" / "grpo-1-steps"
+    for agent in ("memsearcher", "react"):
+        assert (run / f"grpo-{agent}" / "step-2").is_dir()
+        for kind in ("models", "adapters", "eval"):
+            assert (aside / kind / f"grpo-{agent}").is_dir(), (kind, agent)
+            assert (run / kind / f"grpo-{agent}").is_dir(), (kind, agent)
+    assert (run / "eval" / "grpo-react" / "summary.json").is_file()
+
     # the same folder with another config is refused, naming what changed
-    assert main([*args, *overrides, "grpo.steps=2"]) == 2
+    assert main([*args, *overrides, "grpo.steps=2", "sft.steps=3"]) == 2
 
 
 def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
@@ -108,6 +119,37 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
     claim(out, replace(config, ship=str(tmp_path / "adapters"), bootstrap=50))  # output only
     with pytest.raises(MemSearcherError, match="rl_one_hop"):
         claim(out, replace(config, rl_one_hop=3))
+
+
+def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
+    tmp_path: Path,
+) -> None:
+    """A researcher whose reward still rises asks the same run for more GRPO steps: GRPO trains
+    on from its checkpoints, and what the shorter run made (merged models, adapters,
+    evaluations) must not be found done and reported as the longer run's; it is moved aside,
+    never deleted. Fewer steps, or any other change, stay refused."""
+    out = tmp_path / "run"
+    config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
+    claim(out, config)
+    made = ["models/grpo-memsearcher", "adapters/grpo-react", "eval/grpo-memsearcher"]
+    kept = ["models/sft", "eval/sft-memsearcher", "grpo-memsearcher/step-1"]
+    for name in made + kept:
+        (out / name).mkdir(parents=True)
+        (out / name / "file").write_text(name)
+
+    longer = replace(config, grpo=replace(config.grpo, steps=3))
+    claim(out, longer)
+    for name in made:
+        assert not (out / name).exists(), name
+        assert (out / "superseded" / "grpo-1-steps" / name / "file").read_text() == name
+    for name in kept:
+        assert (out / name / "file").read_text() == name
+    assert json.loads((out / "recipe.json").read_text())["grpo"]["steps"] == 3
+    claim(out, longer)  # the longer run resumed: nothing else moves
+    with pytest.raises(MemSearcherError, match=r"grpo\.steps"):
+        claim(out, config)  # back to fewer steps
+    with pytest.raises(MemSearcherError, match="rl_one_hop"):
+        claim(out, replace(longer, rl_one_hop=3, grpo=replace(config.grpo, steps=5)))
 
 
 def test_an_interrupted_stage_keeps_its_time(
