@@ -15,7 +15,8 @@ from tiny_model import save_tiny_model
 from memsearcher.cli import main
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
-from memsearcher.recipe.embedded_agent import RecipeConfig, claim
+from memsearcher.recipe.embedded_agent import RecipeConfig
+from memsearcher.recipe.run_folder import claim
 from memsearcher.teach.config import ProtocolDataConfig
 
 ROOT = Path(__file__).parents[1]
@@ -126,8 +127,8 @@ def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
 ) -> None:
     """A researcher whose reward still rises asks the same run for more GRPO steps: GRPO trains
     on from its checkpoints, and what the shorter run made (merged models, adapters,
-    evaluations) must not be found done and reported as the longer run's; it is moved aside,
-    never deleted. Fewer steps, or any other change, stay refused."""
+    evaluations, the report) must not be found done and reported as the longer run's; it is
+    moved aside, never deleted. Fewer steps, or any other change, stay refused."""
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
     claim(out, config)
@@ -136,20 +137,49 @@ def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
     for name in made + kept:
         (out / name).mkdir(parents=True)
         (out / name / "file").write_text(name)
+    (out / "report.md").write_text("one step")
+    (out / "timings.json").write_text('{"GRPO (react)": 60.0}')
 
     longer = replace(config, grpo=replace(config.grpo, steps=3))
     claim(out, longer)
+    aside = out / "superseded" / "grpo-1-steps"
     for name in made:
         assert not (out / name).exists(), name
-        assert (out / "superseded" / "grpo-1-steps" / name / "file").read_text() == name
+        assert (aside / name / "file").read_text() == name
     for name in kept:
         assert (out / name / "file").read_text() == name
+    assert (aside / "report.md").read_text() == "one step" and not (out / "report.md").exists()
+    assert (aside / "timings.json").read_text() == (out / "timings.json").read_text()
     assert json.loads((out / "recipe.json").read_text())["grpo"]["steps"] == 3
     claim(out, longer)  # the longer run resumed: nothing else moves
     with pytest.raises(MemSearcherError, match=r"grpo\.steps"):
         claim(out, config)  # back to fewer steps
     with pytest.raises(MemSearcherError, match="rl_one_hop"):
         claim(out, replace(longer, rl_one_hop=3, grpo=replace(config.grpo, steps=5)))
+
+
+def test_more_grpo_steps_move_nothing_unless_all_can_move(tmp_path: Path) -> None:
+    """A shorter run's results already set aside (an earlier try, restored by hand) are never
+    overwritten, and nothing moves at all; a decaying schedule cannot train on as a fresh
+    run would, so it is refused."""
+    out = tmp_path / "run"
+    config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
+    claim(out, config)
+    for name in ("models/grpo-memsearcher", "eval/grpo-react"):
+        (out / name).mkdir(parents=True)
+    earlier = out / "superseded" / "grpo-1-steps" / "eval" / "grpo-react"
+    earlier.mkdir(parents=True)
+    longer = replace(config, grpo=replace(config.grpo, steps=2))
+    with pytest.raises(MemSearcherError, match="nothing was moved"):
+        claim(out, longer)
+    assert (out / "models" / "grpo-memsearcher").is_dir() and (out / "eval" / "grpo-react").is_dir()
+    assert json.loads((out / "recipe.json").read_text())["grpo"]["steps"] == 1
+
+    cosine = replace(config.grpo, optim=replace(config.grpo.optim, schedule="cosine"))
+    decaying = tmp_path / "cosine"
+    claim(decaying, replace(config, out=str(decaying), grpo=cosine))
+    with pytest.raises(MemSearcherError, match="constant schedule"):
+        claim(decaying, replace(config, out=str(decaying), grpo=replace(cosine, steps=2)))
 
 
 def test_an_interrupted_stage_keeps_its_time(

@@ -14,8 +14,8 @@ run again, so an interrupted build loses at most one checkpoint interval::
     OUT/adapters/              the adapters as the package ships them (float16, model cards)
     OUT/eval/<model>-<agent>/  predictions on the held-out and the test questions
     OUT/timings.json, OUT/results.json, OUT/report.md, OUT/reward_per_step.png
-    OUT/superseded/grpo-<N>-steps/   GRPO's models, adapters and evaluations of N steps, moved
-                               here when a rerun raises ``grpo.steps`` (GRPO trains on)
+    OUT/superseded/grpo-<N>-steps/   what N GRPO steps made, moved here when a rerun raises
+                               ``grpo.steps`` (GRPO trains on; `memsearcher.recipe.run_folder`)
 
 With ``ship`` set, the SFT adapter and MemSearcher's GRPO adapter are also written into that
 folder (the package's ``llm/adapters``): the SFT one is the ``embedded-sft`` model, and
@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.agent import AgentConfig
-from memsearcher.config import changed_keys, config_to_dict, positive, require
+from memsearcher.config import config_to_dict, positive, require
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm.base import Tokenizer
 from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, merge_adapters, resolve_model
 from memsearcher.recipe.report import analyse
+from memsearcher.recipe.run_folder import claim
 from memsearcher.rl.checkpoint import latest_checkpoint
 from memsearcher.rl.config import GRPOConfig, SFTConfig
 from memsearcher.rl.export import export_adapter, machine
@@ -59,10 +60,6 @@ from memsearcher.types import QAExample
 __all__ = ["RecipeConfig", "run_recipe"]
 
 Echo = Callable[[str], None]
-MARKER = "recipe.json"
-OUTPUT_ONLY = ("ship", "bootstrap")
-"""Config keys that change only what is written after training, so a finished run may be
-rerun with other values of them."""
 
 
 @dataclass(frozen=True)
@@ -180,57 +177,6 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
         ship(out, Path(config.ship))
         echo(f"[recipe] adapters written into {config.ship}")
     return results
-
-
-def claim(out: Path, config: RecipeConfig) -> None:
-    """Make ``out`` the recipe's folder: a new or empty folder, or one whose marker holds this
-    very config (a resumed run), or that config with more GRPO steps (GRPO trains on from its
-    last checkpoint; what its shorter run made is set aside). Anything else is refused and
-    left as it is."""
-    settings = {k: v for k, v in config_to_dict(config).items() if k not in OUTPUT_ONLY}
-    marker = out / MARKER
-    if marker.is_file():
-        saved = json.loads(marker.read_text("utf-8"))
-        saved = {k: v for k, v in saved.items() if k not in OUTPUT_ONLY}
-        changed = changed_keys(saved, settings)
-        longer = changed == ["grpo.steps"] and config.grpo.steps > saved["grpo"]["steps"]
-        if changed and not longer:
-            raise MemSearcherError(
-                f"{out} holds a recipe run with another config (changed: {', '.join(changed)}); "
-                "only more GRPO steps (a larger grpo.steps) may be asked of it: choose another "
-                "out, or run it with the config it was made with"
-            )
-        if longer:
-            set_aside_grpo(out, saved["grpo"]["steps"])
-            marker.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
-        return
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise MemSearcherError(f"out {out} is not a folder; choose a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise MemSearcherError(
-            f"out {out} is not empty and no recipe run made it (no {MARKER}); nothing was "
-            "touched: choose a new or empty folder"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
-
-
-def set_aside_grpo(out: Path, steps: int) -> None:
-    """Move what GRPO's run of ``steps`` steps made (each agent's merged model, exported
-    adapter and evaluation) to ``superseded/grpo-<steps>-steps/``: a rerun would find them
-    done and report them as the longer run's. Moved, never deleted; the checkpoints stay, for
-    GRPO to train on from."""
-    aside = out / "superseded" / f"grpo-{steps}-steps"
-    made = [out / kind / f"grpo-{agent}" for kind in ("models", "adapters", "eval")
-            for agent in AGENTS]  # fmt: skip
-    for path in made:
-        target = aside / path.parent.name / path.name
-        if path.exists() and target.exists():
-            raise MemSearcherError(f"{target} exists already; move it away to train on")
-    for path in made:
-        if path.exists():
-            (aside / path.parent.name).mkdir(parents=True, exist_ok=True)
-            path.rename(aside / path.parent.name / path.name)
 
 
 # -- data ---------------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""The recipe's folder: which folder a run may write into, and what a longer GRPO run sets
+aside.
+
+``OUT/recipe.json`` records the config that made the folder. A rerun must match it, but for
+``OUTPUT_ONLY`` keys and one change a researcher whose reward still rises asks for: a larger
+``grpo.steps`` under a constant learning rate. GRPO then trains on from its checkpoints, and
+what the shorter run made moves to ``OUT/superseded/grpo-<N>-steps/``, never deleted. To go
+back, move those folders back and write the old ``grpo.steps`` into ``recipe.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memsearcher.config import changed_keys, config_to_dict
+from memsearcher.errors import MemSearcherError
+from memsearcher.teach.oracle import AGENTS
+
+if TYPE_CHECKING:
+    from memsearcher.recipe.embedded_agent import RecipeConfig
+
+__all__ = ["MARKER", "OUTPUT_ONLY", "claim", "set_aside_grpo"]
+
+MARKER = "recipe.json"
+OUTPUT_ONLY = ("ship", "bootstrap")
+"""Config keys that change only what is written after training, so a finished run may be
+rerun with other values of them."""
+REPORT = ("results.json", "report.md", "reward_per_step.png")
+"""The report's files, which describe the whole run and so move aside with GRPO's products."""
+
+
+def claim(out: Path, config: RecipeConfig) -> None:
+    """Make ``out`` the recipe's folder: a new or empty folder, or one whose marker holds this
+    very config (a resumed run), or that config with more GRPO steps under a constant
+    learning rate (GRPO trains on from its last checkpoint; what its shorter run made is set
+    aside). Anything else is refused and left as it is."""
+    settings = {k: v for k, v in config_to_dict(config).items() if k not in OUTPUT_ONLY}
+    marker = out / MARKER
+    if marker.is_file():
+        saved = _read_marker(marker)
+        changed = changed_keys(saved, settings)
+        longer = changed == ["grpo.steps"] and config.grpo.steps > saved["grpo"]["steps"]
+        if longer and config.grpo.optim.schedule != "constant":
+            raise MemSearcherError(
+                f"{out}: more GRPO steps would restart grpo.optim.schedule "
+                f"({config.grpo.optim.schedule}) part-way, which no fresh run does; only a "
+                "constant schedule may train on"
+            )
+        if changed and not longer:
+            raise MemSearcherError(
+                f"{out} holds a recipe run with another config (changed: {', '.join(changed)}); "
+                "only more GRPO steps (a larger grpo.steps) may be asked of it: choose another "
+                "out, or run it with the config it was made with"
+            )
+        if longer:
+            set_aside_grpo(out, saved["grpo"]["steps"])
+            _write_marker(marker, settings)
+        return
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise MemSearcherError(f"out {out} is not a folder; choose a folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise MemSearcherError(
+            f"out {out} is not empty and no recipe run made it (no {MARKER}); nothing was "
+            "touched: choose a new or empty folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    _write_marker(marker, settings)
+
+
+def set_aside_grpo(out: Path, steps: int) -> None:
+    """Move what GRPO's run of ``steps`` steps made (each agent's merged model, exported
+    adapter and evaluation) and the report to ``superseded/grpo-<steps>-steps/``, with a copy
+    of ``timings.json``: a rerun would find them done and report them as the longer run's.
+    Moved, never deleted; the checkpoints stay, for GRPO to train on from. Everything is
+    checked before anything moves."""
+    aside = out / "superseded" / f"grpo-{steps}-steps"
+    made = [Path(kind) / f"grpo-{agent}" for kind in ("models", "adapters", "eval")
+            for agent in AGENTS] + [Path(name) for name in REPORT]  # fmt: skip
+    moving = [name for name in made if os.path.lexists(out / name)]
+    for name in moving:
+        if os.path.lexists(aside / name):
+            raise MemSearcherError(
+                f"{aside / name} exists already, so {out / name} cannot move there; nothing "
+                "was moved. Both come from the same shorter run: move one of them away"
+            )
+    try:
+        for name in moving:
+            (aside / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).rename(aside / name)
+        if (out / "timings.json").is_file():
+            shutil.copyfile(out / "timings.json", aside / "timings.json")
+    except OSError as error:
+        raise MemSearcherError(
+            f"setting the {steps}-step run's results aside in {aside} failed ({error}); "
+            "what moved is there, the rest where it was"
+        ) from error
+
+
+def _read_marker(marker: Path) -> dict[str, Any]:
+    try:
+        saved = json.loads(marker.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MemSearcherError(f"{marker} is not a recipe's config ({error})") from error
+    if not isinstance(saved, dict):
+        raise MemSearcherError(f"{marker} is not a recipe's config (not a mapping)")
+    return {k: v for k, v in saved.items() if k not in OUTPUT_ONLY}
+
+
+def _write_marker(marker: Path, settings: dict[str, Any]) -> None:
+    """Write ``settings`` whole or not at all (a marker cut short would lock the folder)."""
+    staging = marker.with_name(marker.name + ".tmp")
+    staging.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
+    staging.replace(marker)
