@@ -13,6 +13,7 @@ import pytest
 from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
+from memsearcher.config import config_to_dict
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.recipe.embedded_agent import RecipeConfig
@@ -100,7 +101,7 @@ def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(MemSearcherError, match="no recipe run made it"):
-        claim(out, RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo()))
+        _claim(out, RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo()))
     assert (out / "notes.txt").read_text() == "keep me"
 
 
@@ -116,10 +117,10 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         RecipeConfig(build=BUILD, sft=_lora(), grpo=grpo)
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
-    claim(out, config)
-    claim(out, replace(config, ship=str(tmp_path / "adapters"), bootstrap=50))  # output only
+    _claim(out, config)
+    _claim(out, replace(config, ship=str(tmp_path / "adapters"), bootstrap=50))  # output only
     with pytest.raises(MemSearcherError, match="rl_one_hop"):
-        claim(out, replace(config, rl_one_hop=3))
+        _claim(out, replace(config, rl_one_hop=3))
 
 
 def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
@@ -131,7 +132,7 @@ def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
     moved aside, never deleted. Fewer steps, or any other change, stay refused."""
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
-    claim(out, config)
+    _claim(out, config)
     made = ["models/grpo-memsearcher", "adapters/grpo-react", "eval/grpo-memsearcher"]
     kept = ["models/sft", "eval/sft-memsearcher", "grpo-memsearcher/step-1"]
     for name in made + kept:
@@ -141,7 +142,7 @@ def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
     (out / "timings.json").write_text('{"GRPO (react)": 60.0}')
 
     longer = replace(config, grpo=replace(config.grpo, steps=3))
-    claim(out, longer)
+    _claim(out, longer)
     aside = out / "superseded" / "grpo-1-steps"
     for name in made:
         assert not (out / name).exists(), name
@@ -151,11 +152,11 @@ def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
     assert (aside / "report.md").read_text() == "one step" and not (out / "report.md").exists()
     assert (aside / "timings.json").read_text() == (out / "timings.json").read_text()
     assert json.loads((out / "recipe.json").read_text())["grpo"]["steps"] == 3
-    claim(out, longer)  # the longer run resumed: nothing else moves
+    _claim(out, longer)  # the longer run resumed: nothing else moves
     with pytest.raises(MemSearcherError, match=r"grpo\.steps"):
-        claim(out, config)  # back to fewer steps
+        _claim(out, config)  # back to fewer steps
     with pytest.raises(MemSearcherError, match="rl_one_hop"):
-        claim(out, replace(longer, rl_one_hop=3, grpo=replace(config.grpo, steps=5)))
+        _claim(out, replace(longer, rl_one_hop=3, grpo=replace(config.grpo, steps=5)))
 
 
 def test_more_grpo_steps_move_nothing_unless_all_can_move(tmp_path: Path) -> None:
@@ -164,22 +165,22 @@ def test_more_grpo_steps_move_nothing_unless_all_can_move(tmp_path: Path) -> Non
     run would, so it is refused."""
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
-    claim(out, config)
+    _claim(out, config)
     for name in ("models/grpo-memsearcher", "eval/grpo-react"):
         (out / name).mkdir(parents=True)
     earlier = out / "superseded" / "grpo-1-steps" / "eval" / "grpo-react"
     earlier.mkdir(parents=True)
     longer = replace(config, grpo=replace(config.grpo, steps=2))
     with pytest.raises(MemSearcherError, match="nothing was moved"):
-        claim(out, longer)
+        _claim(out, longer)
     assert (out / "models" / "grpo-memsearcher").is_dir() and (out / "eval" / "grpo-react").is_dir()
     assert json.loads((out / "recipe.json").read_text())["grpo"]["steps"] == 1
 
     cosine = replace(config.grpo, optim=replace(config.grpo.optim, schedule="cosine"))
     decaying = tmp_path / "cosine"
-    claim(decaying, replace(config, out=str(decaying), grpo=cosine))
+    _claim(decaying, replace(config, out=str(decaying), grpo=cosine))
     with pytest.raises(MemSearcherError, match="constant schedule"):
-        claim(decaying, replace(config, out=str(decaying), grpo=replace(cosine, steps=2)))
+        _claim(decaying, replace(config, out=str(decaying), grpo=replace(cosine, steps=2)))
 
 
 def test_an_interrupted_stage_keeps_its_time(
@@ -221,3 +222,7 @@ def _lora_grpo():  # type: ignore[no-untyped-def]
 
     return GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4, mini_batch_questions=4,
                       steps=1)  # fmt: skip
+
+
+def _claim(out: Path, config: RecipeConfig) -> None:
+    claim(out, config_to_dict(config))

@@ -134,7 +134,7 @@ class RecipeConfig:
 def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     """Run (or resume) every stage into ``config.out``; return the results."""
     out = Path(config.out)
-    claim(out, config)
+    claim(out, config_to_dict(config))
     timings_file = out / "timings.json"
     timings = json.loads(timings_file.read_text("utf-8")) if timings_file.is_file() else {}
 

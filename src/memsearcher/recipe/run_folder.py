@@ -14,14 +14,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from memsearcher.config import changed_keys, config_to_dict
+from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.teach.oracle import AGENTS
-
-if TYPE_CHECKING:
-    from memsearcher.recipe.embedded_agent import RecipeConfig
 
 __all__ = ["MARKER", "OUTPUT_ONLY", "claim", "set_aside_grpo"]
 
@@ -33,21 +30,23 @@ REPORT = ("results.json", "report.md", "reward_per_step.png")
 """The report's files, which describe the whole run and so move aside with GRPO's products."""
 
 
-def claim(out: Path, config: RecipeConfig) -> None:
-    """Make ``out`` the recipe's folder: a new or empty folder, or one whose marker holds this
-    very config (a resumed run), or that config with more GRPO steps under a constant
-    learning rate (GRPO trains on from its last checkpoint; what its shorter run made is set
-    aside). Anything else is refused and left as it is."""
-    settings = {k: v for k, v in config_to_dict(config).items() if k not in OUTPUT_ONLY}
+def claim(out: Path, config: dict[str, Any]) -> None:
+    """Make ``out`` the recipe's folder for ``config`` (a `RecipeConfig` as plain data): a new
+    or empty folder, or one whose marker holds this very config (a resumed run), or that
+    config with more GRPO steps under a constant learning rate (GRPO trains on from its last
+    checkpoint; what its shorter run made is set aside). Anything else is refused and left as
+    it is."""
+    settings = {k: v for k, v in config.items() if k not in OUTPUT_ONLY}
+    grpo = settings["grpo"]
     marker = out / MARKER
     if marker.is_file():
         saved = _read_marker(marker)
         changed = changed_keys(saved, settings)
-        longer = changed == ["grpo.steps"] and config.grpo.steps > saved["grpo"]["steps"]
-        if longer and config.grpo.optim.schedule != "constant":
+        longer = changed == ["grpo.steps"] and grpo["steps"] > saved["grpo"]["steps"]
+        if longer and grpo["optim"]["schedule"] != "constant":
             raise MemSearcherError(
                 f"{out}: more GRPO steps would restart grpo.optim.schedule "
-                f"({config.grpo.optim.schedule}) part-way, which no fresh run does; only a "
+                f"({grpo['optim']['schedule']}) part-way, which no fresh run does; only a "
                 "constant schedule may train on"
             )
         if changed and not longer:
