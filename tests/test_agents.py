@@ -7,6 +7,7 @@ real embedded ones. `test_end_to_end.py` runs the same checks with the real mode
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -241,8 +242,6 @@ def test_lockstep_batches_every_phase(tokenizer: Tokenizer, retriever: Retriever
 
 
 def test_trajectory_round_trips_through_json(tokenizer: Tokenizer, retriever: Retriever) -> None:
-    import json
-
     reply = search_then_answer(searches=1, answer="Paris")
     trajectories, _ = run("memsearcher", tokenizer, retriever, reply, AgentConfig())
     for trajectory in trajectories:
@@ -284,3 +283,44 @@ def test_special_tokens_in_questions_and_passages_stay_text(
             expected = memsearcher_conversation(tokenizer, trajectory, t)
             assert tokenizer.decode(sequence.input_ids) == expected
     assert INJECTION in tokenizer.decode(trajectory.sequences[0].prompt_ids)
+
+
+def _one_query_reply(prompt: str, params: SamplingParams) -> str:
+    """A model stuck on one query (written with other case and spacing after the first search),
+    which answers "Paris" when an answer is begun for it."""
+    if prompt.endswith("\\boxed{"):
+        return "Paris}"
+    if "</memory>" in params.stop:
+        return "<memory> France's capital is Paris. </memory>"
+    searched = "France's capital" in prompt or prompt.count("<|im_start|>user") > 1
+    query = "Capital of  FRANCE" if searched else "capital of France"
+    call = {"name": "wikipedia_search", "arguments": {"query": query}}
+    return f"<think> Search. </think>\n<tool_call>{json.dumps(call)}</tool_call>"
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
+def test_answer_on_repeat(agent: str, tokenizer: Tokenizer, retriever: Retriever) -> None:
+    """A repeated query is not searched: the action is replaced by the answer's lead (mask 0)
+    and the model's answer follows it. Without the option the same model loops to the limit."""
+    question = QUESTIONS[1:2]
+    looped, _ = run(agent, tokenizer, retriever, _one_query_reply, AgentConfig(), question)
+    assert looped[0].end_reason == "max_turns" and looped[0].num_searches == 5
+
+    counting = CountingRetriever(retriever)
+    config = AgentConfig(answer_on_repeat=True)
+    (trajectory,), _ = run(agent, tokenizer, counting, _one_query_reply, config, question)
+    assert trajectory.end_reason == "answer" and trajectory.answer == "Paris"
+    assert counting.batches == [["capital of France"]]
+    first, second = trajectory.turns
+    assert first.query == "capital of France" and first.repeated_query is None
+    assert second.query is None and second.repeated_query == "Capital of  FRANCE"
+    lead = Templates().answer_lead.format()
+    assert second.action_text == lead + "Paris}"
+    sequence = trajectory.sequences[-1]
+    text = tokenizer.decode(sequence.input_ids)
+    assert text.endswith(lead + "Paris}<|im_end|>") and "FRANCE" not in text
+    runs = _runs(sequence.response_ids, sequence.loss_mask)
+    model_runs = [tokenizer.decode(ids) for ids, m in runs if m == 1]
+    assert model_runs[-1] == "Paris}<|im_end|>"  # the lead is the episode's, not the model's
+    assert trajectory_reward(trajectory) == 1.0
+    assert Trajectory.from_dict(json.loads(json.dumps(trajectory.to_dict()))) == trajectory

@@ -210,3 +210,14 @@ def test_an_unknown_agent_fails_before_anything_loads(
     assert "unknown agent 'mem2'; choose one of ['mem1', 'memsearcher', 'react']" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("command", [["ask", "Who?"], ["eval", "--data", "x", "--out", "y"]])
+def test_answer_on_repeat_is_refused_for_mem1(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MEM1 writes its own actions (``<search>``, ``<answer>``); the option would do nothing."""
+    from memsearcher.cli import main
+
+    assert main([*command, "--agent", "mem1", "--answer-on-repeat"]) == 2
+    assert "--answer-on-repeat is for memsearcher and react, not mem1" in capsys.readouterr().err

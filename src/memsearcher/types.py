@@ -92,6 +92,9 @@ class Turn:
     answer: str | None = None
     error: str | None = None
     """The parse failure that ended the trajectory in this turn, if any."""
+    repeated_query: str | None = None
+    """A query searched before in the episode, written again in this turn and not searched:
+    the agent was asked for its answer instead (``AgentConfig.answer_on_repeat``)."""
 
 
 EndReason = Literal[

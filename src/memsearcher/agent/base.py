@@ -50,6 +50,11 @@ class AgentConfig:
     """Passages per search when the tool call does not say."""
     max_top_n: int = 10
     """Upper bound on a ``top_n`` the model asks for."""
+    answer_on_repeat: bool = False
+    """A query the episode has searched already is not searched again: the agent is asked for
+    its answer instead (the action is replaced by ``Templates.answer_lead`` and the model
+    writes the answer after it). An aid for greedy decoding, where a repeated query that leaves
+    the memory as it was is a loop to the turn limit. MemSearcher and ReAct only."""
 
     def __post_init__(self) -> None:
         count(self, "max_turns", MAX_TURNS)
@@ -127,6 +132,8 @@ class Episode(ABC, Generic[ObservationT]):
         self.error: str | None = None
         self.environment_reward: float | None = None
         """The environment's reward at the end, where it gives one (the shop)."""
+        self.lead = ""
+        """Text the episode wrote at the head of the pending action (`ask_for_answer`)."""
         self.begin()
 
     # -- the driver's side ------------------------------------------------------------------
@@ -278,8 +285,10 @@ class Episode(ABC, Generic[ObservationT]):
         return memory
 
     def take_action(self, completion: Completion) -> ToolCall | None:
-        """Record an action; end the episode on an answer or a fault, else return the call."""
-        text = self.take_generation(completion)
+        """Record an action; end the episode on an answer or a fault, else return the call
+        (or, with ``answer_on_repeat``, ask for the answer in place of a repeated query)."""
+        start = len(self.response_ids)
+        text, self.lead = self.lead + self.take_generation(completion), ""
         assert self.draft is not None
         self.draft.fields["action_text"] = text
         parsed = parse_action(text, tool_name=TOOL_NAME)
@@ -299,7 +308,29 @@ class Episode(ABC, Generic[ObservationT]):
                 self.end("answer")
             return None
         call = parsed.action
+        if self.config.answer_on_repeat and _searched(call.query, self.turns):
+            self.ask_for_answer(start, call.query)
+            return None
         self.draft.fields["query"] = call.query
         top_n = min(call.top_n or self.config.top_n, self.config.max_top_n)
         self.pending = Search(call.query, top_n)
         return call
+
+    def ask_for_answer(self, start: int, query: str) -> None:
+        """Drop the action that began at ``start`` in the response and request it again after
+        ``Templates.answer_lead`` (loss mask 0: the episode wrote it, not the model)."""
+        assert self.draft is not None
+        self.draft.fields["repeated_query"] = query
+        del self.response_ids[start:], self.loss_mask[start:]
+        lead = self.templates.answer_lead.format()
+        ids = self.tokenizer.encode(lead)
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.lead = lead
+        self.request_generation(self.config.max_new_tokens, ACTION_STOP)
+
+
+def _searched(query: str, turns: Sequence[Turn]) -> bool:
+    """Whether ``query`` was searched in ``turns``, case and spacing aside."""
+    key = " ".join(query.split()).casefold()
+    return any(t.query is not None and " ".join(t.query.split()).casefold() == key for t in turns)

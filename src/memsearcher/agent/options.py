@@ -23,6 +23,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser, max_turns: int = 20) ->
     group.add_argument("--memory-tokens", type=int, default=1024)
     group.add_argument("--max-new-tokens", type=int, default=512)
     group.add_argument("--top-n", type=int, default=5)
+    group.add_argument(
+        "--answer-on-repeat",
+        action="store_true",
+        help="a query searched already is not searched again: the model is asked for its "
+        "answer (memsearcher and react; a greedy loop on one query ends there)",
+    )
     group.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--templates", default=None, help="YAML/JSON file overriding prompts")
@@ -32,6 +38,8 @@ def agent_config_from(args: argparse.Namespace) -> AgentConfig:
     """The `AgentConfig` of the options; an unknown agent or a bad budget is refused here,
     before any model loads."""
     agent_type(args.agent)
+    if args.answer_on_repeat and args.agent not in ("memsearcher", "react"):
+        raise MemSearcherError(f"--answer-on-repeat is for memsearcher and react, not {args.agent}")
     try:
         return AgentConfig(
             max_turns=args.max_turns,
@@ -39,6 +47,7 @@ def agent_config_from(args: argparse.Namespace) -> AgentConfig:
             max_new_tokens=args.max_new_tokens,
             top_n=args.top_n,
             max_top_n=max(args.top_n, AgentConfig.max_top_n),
+            answer_on_repeat=args.answer_on_repeat,
         )
     except ValueError as error:
         raise MemSearcherError(str(error)) from error

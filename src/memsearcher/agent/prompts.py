@@ -135,6 +135,12 @@ class Templates:
     """The ReAct baseline's first user message."""
     react_tool_response: str = "<tool_response>\n{passages}\n</tool_response>"
     """Search results in the ReAct conversation."""
+    answer_lead: str = (
+        "<think> I have searched this already, so I answer from what I found. </think>\n"
+        "The answer is \\boxed{{"
+    )
+    """What an action is replaced by when ``AgentConfig.answer_on_repeat`` meets a repeated
+    query; the model writes the answer after it (a format string: braces doubled)."""
     multi_question: str = MULTI_QUESTION
     """MemSearcher's and ReAct's question when a task has several objectives (``{count}``
     of them, ``{questions}`` joined by "; ")."""
@@ -179,6 +185,7 @@ _FIELDS = {
     "react_system": {"tools"},
     "react_user": {"question"},
     "react_tool_response": {"passages"},
+    "answer_lead": set(),
     "multi_question": {"count", "questions"},
     "mem1_user": {"questions"},
     "mem1_information": {"hint", "passages"},

@@ -268,12 +268,12 @@ def create_app(
     def agent_config(max_turns: int | None, top_n: int | None) -> AgentConfig:
         if max_turns is not None and max_turns > config.max_turns:
             raise fastapi.HTTPException(422, f"max_turns must be at most {config.max_turns}")
-        changes: dict[str, int] = {}
+        settings = service.agent_config
         if max_turns is not None:
-            changes["max_turns"] = max_turns
+            settings = replace(settings, max_turns=max_turns)
         if top_n is not None:
-            changes["top_n"] = top_n
-        return replace(service.agent_config, **changes)
+            settings = replace(settings, top_n=top_n)
+        return settings
 
     def events(http: fastapi.Request, question: str, settings: AgentConfig) -> AsyncIterator[Event]:
         """The question's turns as they close, then its trajectory; :class:`Busy` at once (a 503,
