@@ -171,13 +171,15 @@ def test_summary_by_hand() -> None:
             record(1.0, "answer", [100, 120], 1),
             record(0.0, "format_error", [100], 0),
             record(0.0, "length", [100, 140, 160], 2),
-            record(1.0, "answer", [100], 0),
+            record(1.0, "answer", [100], 0)
+            | {"trajectory": {"turns": [{"repeated_query": None}, {"repeated_query": "q"}]}},
         ]
     )
     assert s["questions"] == 4
     assert s["em"] == 0.5 and s["f1"] == 0.25 and s["acc"] == 1.0
     assert s["mean_turns"] == 7 / 4 and s["searches_per_question"] == 3 / 4
     assert s["format_failure_rate"] == 0.5 and s["answered_rate"] == 0.5
+    assert s["asked_to_answer"] == 1
     assert s["prompt_tokens_by_turn"] == [100.0, 130.0, 160.0]
     tokens = s["prompt_tokens_per_turn"]
     assert tokens["p50"] == 100.0 and tokens["max"] == 160.0

@@ -169,9 +169,16 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "seconds_per_question": float(np.mean(seconds)) if seconds else None,
         "format_failure_rate": sum(reasons.get(k, 0) for k in FORMAT_FAILURES) / n,
         "answered_rate": reasons.get("answer", 0) / n,
+        "asked_to_answer": sum(map(_asked_to_answer, records)),
         "end_reasons": dict(sorted(reasons.items())),
         **({"shop": shop_summary(records)} if any("reward" in r for r in records) else {}),
     }
+
+
+def _asked_to_answer(record: dict[str, Any]) -> bool:
+    """Whether the agent repeated a query and was asked for its answer (``answer_on_repeat``)."""
+    turns = (record.get("trajectory") or {}).get("turns", ())
+    return any(turn.get("repeated_query") is not None for turn in turns)
 
 
 LONG_EPISODE_STEPS = 8
