@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -401,3 +402,6 @@ def test_a_run_folder_with_the_flat_settings_of_older_versions_resumes(tmp_path:
                                                 max_new_tokens=32))  # fmt: skip
     with pytest.raises(MemSearcherError, match="other settings \\(max_turns\\)"):
         run_eval({"nq": examples}, None, None, other, out, None, info, progress=False)  # type: ignore[arg-type]
+    repeats = replace(config, agent_config=replace(config.agent_config, answer_on_repeat=True))
+    with pytest.raises(MemSearcherError, match="other settings \\(answer_on_repeat\\)"):
+        run_eval({"nq": examples}, None, None, repeats, out, None, info, progress=False)  # type: ignore[arg-type]

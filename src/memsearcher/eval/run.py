@@ -125,6 +125,8 @@ class EvalConfig:
             settings["max_top_n"] = agent.max_top_n
         if self.environment != "search":  # the same
             settings["environment"] = self.environment
+        if agent.answer_on_repeat:  # the same
+            settings["answer_on_repeat"] = True
         return settings
 
 
