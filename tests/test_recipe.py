@@ -13,11 +13,9 @@ import pytest
 from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
-from memsearcher.config import config_to_dict
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
-from memsearcher.recipe.embedded_agent import RecipeConfig
-from memsearcher.recipe.run_folder import claim
+from memsearcher.recipe.embedded_agent import RecipeConfig, claim_out
 from memsearcher.teach.config import ProtocolDataConfig
 
 ROOT = Path(__file__).parents[1]
@@ -123,6 +121,20 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         _claim(out, replace(config, rl_one_hop=3))
 
 
+def test_a_recipe_folder_made_before_a_config_key_existed_resumes(tmp_path: Path) -> None:
+    """A key added to a config since a run began (here the agents' ``answer_on_repeat``) is
+    absent from its marker; the run behaved as the key's default, so it resumes."""
+    out = tmp_path / "run"
+    config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
+    _claim(out, config)
+    marker = json.loads((out / "recipe.json").read_text())
+    del marker["evaluation"]["answer_on_repeat"], marker["grpo"]["agent"]["answer_on_repeat"]
+    (out / "recipe.json").write_text(json.dumps(marker))
+    _claim(out, config)
+    with pytest.raises(MemSearcherError, match=r"evaluation\.answer_on_repeat"):
+        _claim(out, replace(config, evaluation=replace(config.evaluation, answer_on_repeat=True)))
+
+
 def test_more_grpo_steps_train_on_and_set_aside_what_the_shorter_run_made(
     tmp_path: Path,
 ) -> None:
@@ -225,4 +237,5 @@ def _lora_grpo():  # type: ignore[no-untyped-def]
 
 
 def _claim(out: Path, config: RecipeConfig) -> None:
-    claim(out, config_to_dict(config))
+    assert Path(config.out) == out
+    claim_out(config)

@@ -144,6 +144,24 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return plain
 
 
+def default_dict(cls: type) -> dict[str, Any]:
+    """A config class's defaults as plain data, field by field (a class may refuse its
+    defaults taken together: the recipe needs its steps set): what `changed_keys` reads for a
+    key that a run made before the key existed did not save."""
+    defaults = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        defaults[f.name] = _plain(value)
+    return defaults
+
+
 def changed_keys(
     saved: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
 ) -> list[str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from memsearcher.agent import AgentConfig
-from memsearcher.config import config_to_dict, positive, require
+from memsearcher.config import config_to_dict, default_dict, positive, require
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
@@ -131,10 +131,15 @@ class RecipeConfig:
         return resolve_model(self.sft.model.path)
 
 
+def claim_out(config: RecipeConfig) -> None:
+    """Make ``config.out`` this run's folder, or refuse it (`run_folder.claim`)."""
+    claim(Path(config.out), config_to_dict(config), default_dict(RecipeConfig))
+
+
 def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     """Run (or resume) every stage into ``config.out``; return the results."""
     out = Path(config.out)
-    claim(out, config_to_dict(config))
+    claim_out(config)
     timings_file = out / "timings.json"
     timings = json.loads(timings_file.read_text("utf-8")) if timings_file.is_file() else {}
 

@@ -30,18 +30,18 @@ REPORT = ("results.json", "report.md", "reward_per_step.png")
 """The report's files, which describe the whole run and so move aside with GRPO's products."""
 
 
-def claim(out: Path, config: dict[str, Any]) -> None:
+def claim(out: Path, config: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
     """Make ``out`` the recipe's folder for ``config`` (a `RecipeConfig` as plain data): a new
     or empty folder, or one whose marker holds this very config (a resumed run), or that
     config with more GRPO steps under a constant learning rate (GRPO trains on from its last
     checkpoint; what its shorter run made is set aside). Anything else is refused and left as
-    it is."""
+    it is. A key the marker lacks counts as its value in ``defaults`` (`default_dict`)."""
     settings = {k: v for k, v in config.items() if k not in OUTPUT_ONLY}
     grpo = settings["grpo"]
     marker = out / MARKER
     if marker.is_file():
         saved = _read_marker(marker)
-        changed = changed_keys(saved, settings)
+        changed = changed_keys(saved, settings, defaults)
         longer = changed == ["grpo.steps"] and grpo["steps"] > saved["grpo"]["steps"]
         if longer and grpo["optim"]["schedule"] != "constant":
             raise MemSearcherError(
