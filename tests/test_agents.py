@@ -7,6 +7,7 @@ real embedded ones. `test_end_to_end.py` runs the same checks with the real mode
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from _wrappers import CountingRetriever, Delegating
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.agent.prompts import format_hits, format_tools
 from memsearcher.agent.replay import search_then_answer
+from memsearcher.ask import print_turn
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import Reply, ScriptedLLM
@@ -324,3 +326,6 @@ def test_answer_on_repeat(agent: str, tokenizer: Tokenizer, retriever: Retriever
     assert model_runs[-1] == "Paris}<|im_end|>"  # the lead is the episode's, not the model's
     assert trajectory_reward(trajectory) == 1.0
     assert Trajectory.from_dict(json.loads(json.dumps(trajectory.to_dict()))) == trajectory
+    shown = io.StringIO()
+    print_turn(second, shown)
+    assert "repeated  Capital of FRANCE (searched before: answer asked for)" in shown.getvalue()
