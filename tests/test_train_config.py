@@ -148,6 +148,7 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
     ("overrides", "message"),
     [
         (["top_p=0.9"], "top_p=0.9: GRPO samples from softmax"),
+        (["agent.answer_on_repeat=true"], "agent.answer_on_repeat is for inference"),
         (["model.dtype=bfloat16"], "model.dtype=bfloat16 with optim.lr=1e-06"),
         (["model.dtype=float16", "optim.lr=5e-5"], "Keep model.dtype=float32"),
         (["model.dtype=auto"], "model.dtype must be one of"),

@@ -264,6 +264,11 @@ class GRPOConfig:
                 "that is the distribution its log-probs and ratios model; nucleus truncation "
                 "would make every rollout off-policy by an amount the ratio cannot see"
             )
+        if self.agent.answer_on_repeat:
+            raise MemSearcherError(
+                "agent.answer_on_repeat is for inference: in training it would drop the "
+                "repeated query from the sequence, so the policy would never be scored for it"
+            )
         _check_precision(self.model, self.optim)
         if self.advantage == "gae":
             _check_critic_precision(self.model, self.critic)
