@@ -18,7 +18,10 @@ from _wrappers import CountingRetriever, Delegating
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
 from memsearcher.agent.prompts import format_hits, format_tools
 from memsearcher.agent.replay import search_then_answer
+from memsearcher.api.responses import reasoning_text
 from memsearcher.ask import print_turn
+from memsearcher.errors import MemSearcherError
+from memsearcher.eval.html import _turn
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import Reply, ScriptedLLM
@@ -317,8 +320,10 @@ def test_answer_on_repeat(agent: str, tokenizer: Tokenizer, retriever: Retriever
     assert first.query == "capital of France" and first.repeated_query is None
     assert second.query is None and second.repeated_query == "Capital of  FRANCE"
     lead = Templates().answer_lead.format()
-    assert second.action_text == lead + "Paris}"
+    assert second.action_text == lead + "Paris}" and second.thought is None
     sequence = trajectory.sequences[-1]
+    in_sequence = [t for t in trajectory.turns if t.sequence_index == len(trajectory.sequences) - 1]
+    assert sum(sequence.loss_mask) == sum(t.generated_tokens for t in in_sequence)
     text = tokenizer.decode(sequence.input_ids)
     assert text.endswith(lead + "Paris}<|im_end|>") and "FRANCE" not in text
     runs = _runs(sequence.response_ids, sequence.loss_mask)
@@ -329,3 +334,35 @@ def test_answer_on_repeat(agent: str, tokenizer: Tokenizer, retriever: Retriever
     shown = io.StringIO()
     print_turn(second, shown)
     assert "repeated  Capital of FRANCE (searched before: answer asked for)" in shown.getvalue()
+    assert "Repeated: Capital of  FRANCE (searched before" in reasoning_text(second)  # serve
+    assert _turn(trajectory.to_dict()["turns"][1])["repeated_query"] == "Capital of  FRANCE"
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
+def test_a_tool_call_where_the_answer_was_asked_for_ends_the_episode(
+    agent: str, tokenizer: Tokenizer, retriever: Retriever
+) -> None:
+    """Asked once, not again: a model that writes its query after the answer's lead would
+    otherwise be asked for ever within one turn."""
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        if prompt.endswith("\\boxed{"):
+            call = {"name": "wikipedia_search", "arguments": {"query": "capital of France"}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
+        return _one_query_reply(prompt, params)
+
+    config = AgentConfig(answer_on_repeat=True)
+    (trajectory,), llm = run(agent, tokenizer, retriever, reply, config, QUESTIONS[1:2])
+    assert trajectory.end_reason == "format_error"
+    assert trajectory.error == "a tool call where the answer was asked for"
+    assert len(trajectory.turns) == 2 and trajectory.turns[1].repeated_query is not None
+    assert sum(p.endswith("\\boxed{") for prompts, _, _ in llm.calls
+               for p in map(tokenizer.decode, prompts)) == 1  # fmt: skip
+
+
+def test_an_agent_that_writes_its_own_actions_refuses_answer_on_repeat(
+    tokenizer: Tokenizer,
+) -> None:
+    config = AgentConfig(answer_on_repeat=True)
+    with pytest.raises(MemSearcherError, match="answer_on_repeat: Mem1Episode writes its own"):
+        start_episodes("mem1", QUESTIONS[:1], tokenizer, config, None, 8192)

@@ -9,8 +9,10 @@ import pytest
 
 from memsearcher.agent import AgentConfig
 from memsearcher.data.flashrag import read_examples
+from memsearcher.demo.pipeline import DemoConfig
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.config import GRPOConfig, SFTConfig, config_to_dict, load_config
+from memsearcher.teach.config import ProtocolDataConfig
 
 PRESETS = Path(__file__).parent.parent / "configs"
 
@@ -148,7 +150,6 @@ def test_schedules_warm_up_then_follow_their_shape() -> None:
     ("overrides", "message"),
     [
         (["top_p=0.9"], "top_p=0.9: GRPO samples from softmax"),
-        (["agent.answer_on_repeat=true"], "agent.answer_on_repeat is for inference"),
         (["model.dtype=bfloat16"], "model.dtype=bfloat16 with optim.lr=1e-06"),
         (["model.dtype=float16", "optim.lr=5e-5"], "Keep model.dtype=float32"),
         (["model.dtype=auto"], "model.dtype must be one of"),
@@ -259,6 +260,10 @@ def test_print_config_refuses_a_bad_config(capsys: pytest.CaptureFixture[str]) -
         (GRPOConfig, f"agent.max_turns={10**30}", r"max_turns must be an integer in \[1, 1000"),
         (GRPOConfig, f"micro_batch_tokens={10**26}", r"micro_batch_tokens must be an integer in"),
         (SFTConfig, f"micro_batch_tokens={10**26}", r"micro_batch_tokens must be an integer in"),
+        # an inference option: training would drop the repeated query unscored
+        (GRPOConfig, "agent.answer_on_repeat=true", "agent.answer_on_repeat is for inference"),
+        (DemoConfig, "agent.answer_on_repeat=true", "agent.answer_on_repeat is for inference"),
+        (ProtocolDataConfig, "agent.answer_on_repeat=true", "answer_on_repeat is for inference"),
     ],
 )  # fmt: skip
 def test_values_that_cannot_work_are_refused(cls: type, override: str, message: str) -> None:

@@ -409,6 +409,16 @@ def test_settings_that_would_mistrain_are_refused(
         check_trainer_config(config)
 
 
+def test_the_loop_refuses_answer_on_repeat() -> None:
+    """The option drops a repeated action's tokens, whose log-probs veRL would still lay out
+    on the response; it is for inference."""
+    from memsearcher.integrations.verl.agent_loop import _agent_config
+
+    assert _agent_config({"max_turns": 3}).max_turns == 3  # the control
+    with pytest.raises(MemSearcherError, match="agent_config.answer_on_repeat is for inference"):
+        _agent_config({"answer_on_repeat": True})
+
+
 def test_sglang_rollouts_with_a_tokenizer_are_accepted(tmp_path: Path) -> None:
     """The control of the sglang case above: veRL's default for vLLM, and SGLang told to load
     its tokenizer (veRL's server passes skip_tokenizer_init on to SGLang's engine)."""

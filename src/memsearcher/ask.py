@@ -76,9 +76,9 @@ def print_turn(turn: Turn, out: TextIO) -> None:
         f"generated {turn.generated_tokens})",
         file=out,
     )
-    if turn.repeated_query is not None:  # what follows is the answer's lead, then the answer
-        print(_block("repeated", f"{turn.repeated_query} (searched before: answer asked for)"),
-              file=out)  # fmt: skip
+    if turn.repeated_query is not None:
+        repeated = f"{turn.repeated_query} (searched before: answer asked for)"
+        print(_block("repeated", repeated), file=out)
     if turn.thought is not None:
         print(_block("think", turn.thought), file=out)
     if turn.query is not None:

@@ -23,6 +23,7 @@ from memsearcher.agent.parsing import (
 )
 from memsearcher.agent.prompts import TOOL_NAME, Templates
 from memsearcher.config import count
+from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Completion, Tokenizer
 from memsearcher.text import sanitize_text
 from memsearcher.types import EndReason, QAExample, TokenSequence, Trajectory, Turn
@@ -66,6 +67,15 @@ class AgentConfig:
             raise ValueError(f"top_n ({self.top_n}) exceeds max_top_n ({self.max_top_n})")
 
 
+def check_trainable(config: AgentConfig, key: str) -> None:
+    """Refuse, under the config key ``key``, agent settings a trainer cannot score."""
+    if config.answer_on_repeat:
+        raise MemSearcherError(
+            f"{key}.answer_on_repeat is for inference: in training it would drop the repeated "
+            "query from the sequence, so the policy would never be scored for it"
+        )
+
+
 @dataclass(frozen=True)
 class Generate:
     """Continue ``prompt_ids`` with the model."""
@@ -106,6 +116,9 @@ class Episode(ABC, Generic[ObservationT]):
     """
 
     agent_name = "agent"
+    answers_on_repeat = False
+    """Whether the episode honours ``AgentConfig.answer_on_repeat`` (its actions go through
+    `take_action`); one that would ignore it refuses it."""
 
     def __init__(
         self,
@@ -115,6 +128,10 @@ class Episode(ABC, Generic[ObservationT]):
         templates: Templates,
         max_context_tokens: int | None,
     ) -> None:
+        if config.answer_on_repeat and not self.answers_on_repeat:
+            raise MemSearcherError(
+                f"answer_on_repeat: {type(self).__name__} writes its own actions, so it cannot"
+            )
         self.example = example
         self.tokenizer = tokenizer
         self.config = config
@@ -287,8 +304,9 @@ class Episode(ABC, Generic[ObservationT]):
     def take_action(self, completion: Completion) -> ToolCall | None:
         """Record an action; end the episode on an answer or a fault, else return the call
         (or, with ``answer_on_repeat``, ask for the answer in place of a repeated query)."""
-        start = len(self.response_ids)
-        text, self.lead = self.lead + self.take_generation(completion), ""
+        start, lead = len(self.response_ids), self.lead
+        self.lead = ""
+        text = lead + self.take_generation(completion)
         assert self.draft is not None
         self.draft.fields["action_text"] = text
         parsed = parse_action(text, tool_name=TOOL_NAME)
@@ -298,7 +316,8 @@ class Episode(ABC, Generic[ObservationT]):
             else:
                 self.end("format_error", f"{parsed.kind}: {parsed.detail}")
             return None
-        self.draft.fields["thought"] = parsed.think
+        if not lead:  # the lead's thought is the episode's, not the model's
+            self.draft.fields["thought"] = parsed.think
         if isinstance(parsed.action, FinalAnswer):
             self.draft.fields["answer"] = parsed.action.answer
             if completion.finish_reason == "length":
@@ -308,6 +327,9 @@ class Episode(ABC, Generic[ObservationT]):
                 self.end("answer")
             return None
         call = parsed.action
+        if lead:  # a tool call after the answer's lead: the model did not answer when asked
+            self.end("format_error", "a tool call where the answer was asked for")
+            return None
         if self.config.answer_on_repeat and _searched(call.query, self.turns):
             self.ask_for_answer(start, call.query)
             return None
@@ -317,12 +339,14 @@ class Episode(ABC, Generic[ObservationT]):
         return call
 
     def ask_for_answer(self, start: int, query: str) -> None:
-        """Drop the action that began at ``start`` in the response and request it again after
-        ``Templates.answer_lead`` (loss mask 0: the episode wrote it, not the model)."""
+        """Drop the action that began at ``start`` in the response (its tokens no longer count
+        as the turn's) and request it again after ``Templates.answer_lead`` (loss mask 0: the
+        episode wrote it, not the model)."""
         assert self.draft is not None
-        self.draft.fields["repeated_query"] = query
-        del self.response_ids[start:], self.loss_mask[start:]
         lead = self.templates.answer_lead.format()
+        self.draft.generated_tokens -= len(self.response_ids) - start
+        self.draft.fields.update(repeated_query=query, action_text=lead, thought=None)
+        del self.response_ids[start:], self.loss_mask[start:]
         ids = self.tokenizer.encode(lead)
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
@@ -331,6 +355,7 @@ class Episode(ABC, Generic[ObservationT]):
 
 
 def _searched(query: str, turns: Sequence[Turn]) -> bool:
-    """Whether ``query`` was searched in ``turns``, case and spacing aside."""
+    """Whether ``query`` was searched in ``turns``, case and spacing aside (and whatever
+    ``top_n`` either asked for)."""
     key = " ".join(query.split()).casefold()
     return any(t.query is not None and " ".join(t.query.split()).casefold() == key for t in turns)

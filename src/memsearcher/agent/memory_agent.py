@@ -16,6 +16,7 @@ class MemSearcherEpisode(Episode[Sequence[Hit]]):
     Each turn is its own training sequence, so the context stays flat."""
 
     agent_name = "memsearcher"
+    answers_on_repeat = True
 
     def begin(self) -> None:
         self.memory = ""

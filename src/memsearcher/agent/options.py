@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from memsearcher.agent import AgentConfig, agent_type
+from memsearcher.agent import AGENTS, AgentConfig, agent_type
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import SamplingParams
 
@@ -37,9 +37,10 @@ def add_agent_arguments(parser: argparse.ArgumentParser, max_turns: int = 20) ->
 def agent_config_from(args: argparse.Namespace) -> AgentConfig:
     """The `AgentConfig` of the options; an unknown agent or a bad budget is refused here,
     before any model loads."""
+    if args.answer_on_repeat and not agent_type(args.agent).answers_on_repeat:
+        honoured = " and ".join(name for name, cls in AGENTS.items() if cls.answers_on_repeat)
+        raise MemSearcherError(f"--answer-on-repeat is for {honoured}, not {args.agent}")
     agent_type(args.agent)
-    if args.answer_on_repeat and args.agent not in ("memsearcher", "react"):
-        raise MemSearcherError(f"--answer-on-repeat is for memsearcher and react, not {args.agent}")
     try:
         return AgentConfig(
             max_turns=args.max_turns,

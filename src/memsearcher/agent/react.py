@@ -15,6 +15,7 @@ class ReActEpisode(Episode[Sequence[Hit]]):
     response interleaves the model's turns (mask 1) with tool responses (mask 0)."""
 
     agent_name = "react"
+    answers_on_repeat = True
 
     def begin(self) -> None:
         system = self.templates.react_system.format(tools=format_tools(self.config.top_n))

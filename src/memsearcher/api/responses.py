@@ -80,6 +80,8 @@ def reasoning_text(turn: Turn) -> str:
     lines = [f"Turn {turn.index + 1} (context {turn.prompt_tokens} tokens)"]
     if turn.thought is not None:
         lines.append(f"Thought: {turn.thought}")
+    if turn.repeated_query is not None:
+        lines.append(f"Repeated: {turn.repeated_query} (searched before: answer asked for)")
     if turn.query is not None:
         lines.append(f"Search: {turn.query}")
         lines.append(f"Hits: {'; '.join(hit.title for hit in turn.hits) or '(none)'}")

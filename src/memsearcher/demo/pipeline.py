@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import yaml
 
 from memsearcher.agent import AgentConfig, Templates, run_lockstep, start_episodes
+from memsearcher.agent.base import check_trainable
 from memsearcher.data.flashrag import read_examples
 from memsearcher.data.synthetic import (
     SPLITS,
@@ -119,6 +120,7 @@ class DemoConfig:
     """Held-out test questions evaluated per (method, agent)."""
 
     def __post_init__(self) -> None:
+        check_trainable(self.agent, "agent")  # refused here, not after SFT has run
         if self.grpo_world < self.sft_worlds:
             raise MemSearcherError(
                 f"grpo_world ({self.grpo_world}) is one of SFT's renamed copies (0 to "

@@ -52,6 +52,7 @@ def _turn(turn: dict[str, Any]) -> dict[str, Any]:
     """What the browser shows of a turn: no token ids, the hits cut to `HIT_CHARS`."""
     return {
         "thought": turn.get("thought"),
+        "repeated_query": turn.get("repeated_query"),
         "query": turn.get("query"),
         "hits": [
             {"title": h.get("title", ""), "text": (h.get("text") or "")[:HIT_CHARS]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memsearcher.agent.base import AgentConfig
+from memsearcher.agent.base import AgentConfig, check_trainable
 from memsearcher.agent.environments.shop_world import SPLITS, ShopConfig
 from memsearcher.agent.tasks import ENVIRONMENTS
 from memsearcher.config import config_to_dict, count, finite, load_config, positive, require
@@ -264,11 +264,7 @@ class GRPOConfig:
                 "that is the distribution its log-probs and ratios model; nucleus truncation "
                 "would make every rollout off-policy by an amount the ratio cannot see"
             )
-        if self.agent.answer_on_repeat:
-            raise MemSearcherError(
-                "agent.answer_on_repeat is for inference: in training it would drop the "
-                "repeated query from the sequence, so the policy would never be scored for it"
-            )
+        check_trainable(self.agent, "agent")
         _check_precision(self.model, self.optim)
         if self.advantage == "gae":
             _check_critic_precision(self.model, self.critic)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsearcher.agent.base import AgentConfig
+from memsearcher.agent.base import AgentConfig, check_trainable
 from memsearcher.config import require
 from memsearcher.teach.oracle import TeacherFlaws
 
@@ -54,6 +54,7 @@ class ProtocolDataConfig:
     """The agents' settings while the oracle runs (top_n passages per search)."""
 
     def __post_init__(self) -> None:
+        check_trainable(self.agent, "agent")  # the teacher's trajectories are SFT's data
         require(self, "worlds", self.worlds >= 0, ">= 0")
         require(self, "questions_per_world", self.questions_per_world >= 0, ">= 0")
         require(self, "wiki_questions", self.wiki_questions >= 0, ">= 0")

@@ -62,6 +62,9 @@ function renderTurn(turn, t, previous, agent, widest) {
   setBar(bar, widest);
   box.appendChild(bar);
   if (agent !== "mem1") field(box, "thought", turn.thought);
+  if (turn.repeated_query) {
+    field(box, "repeated", turn.repeated_query + " (searched before: answer asked for)");
+  }
   field(box, "query", turn.query);
   for (const hit of turn.hits || []) {
     const line = el("div", "hit");

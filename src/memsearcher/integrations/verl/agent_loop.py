@@ -33,6 +33,7 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from memsearcher.agent import AgentConfig, Generate, Search, load_templates, start_episodes
 from memsearcher.agent.async_driver import drive
+from memsearcher.agent.base import check_trainable
 from memsearcher.agent.environments import BatchedSearch, DirectSearch, Observation
 from memsearcher.errors import MemSearcherError
 from memsearcher.integrations.verl.checks import check_trainer_config
@@ -138,9 +139,11 @@ def _agent_config(values: Mapping[str, Any] | None) -> AgentConfig:
     if unknown:
         raise MemSearcherError(f"agent_config: unknown keys {unknown}; known: {sorted(known)}")
     try:
-        return AgentConfig(**values)
+        config = AgentConfig(**values)
     except (TypeError, ValueError) as error:
         raise MemSearcherError(f"agent_config: {error}") from None
+    check_trainable(config, "agent_config")  # veRL trains on every generated token
+    return config
 
 
 class _Generations:
