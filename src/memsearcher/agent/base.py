@@ -130,7 +130,8 @@ class Episode(ABC, Generic[ObservationT]):
     ) -> None:
         if config.answer_on_repeat and not self.answers_on_repeat:
             raise MemSearcherError(
-                f"answer_on_repeat: {type(self).__name__} writes its own actions, so it cannot"
+                f"answer_on_repeat: {type(self).__name__} writes its own actions, which the "
+                "option cannot replace"
             )
         self.example = example
         self.tokenizer = tokenizer
