@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memsearcher.config import config_to_dict, default_dict
 from memsearcher.errors import MemSearcherError
 from memsearcher.llm.hf import HFModel
 from memsearcher.rl.checkpoint import check_run_folder, resume_step
-from memsearcher.rl.config import GRPOConfig, config_to_dict
+from memsearcher.rl.config import GRPOConfig
 from memsearcher.rl.distributed import Runtime, init_runtime, wrap_for_training
 from memsearcher.rl.metrics_log import MetricsLog
 from memsearcher.rl.optim import make_optimizer, make_scheduler
@@ -86,9 +87,7 @@ def set_up(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
-    check_run_folder(
-        output, config_to_dict(config), resume, runtime, config_to_dict(type(config)())
-    )
+    check_run_folder(output, config_to_dict(config), resume, runtime, default_dict(type(config)))
     task = open_task(config)
     precision = resolve_precision(config.model, runtime.device.type)
     model, tokenizer = load_policy(config.model, runtime, precision)

@@ -17,10 +17,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memsearcher.config import config_to_dict, default_dict
 from memsearcher.errors import MemSearcherError
 from memsearcher.rl.batching import micro_batches, padding_share, sequence_logprobs
 from memsearcher.rl.checkpoint import check_run_folder, resume_step, save_checkpoint
-from memsearcher.rl.config import SFTConfig, config_to_dict
+from memsearcher.rl.config import SFTConfig
 from memsearcher.rl.distributed import (
     even_out,
     init_runtime,
@@ -89,9 +90,7 @@ def train_sft(
         )
     seed_everything(config.seed)
     output = Path(config.output_dir)
-    check_run_folder(
-        output, config_to_dict(config), resume, runtime, config_to_dict(type(config)())
-    )
+    check_run_folder(output, config_to_dict(config), resume, runtime, default_dict(type(config)))
     trajectories = read_trajectories(config.data)
     sequences: list[TokenSequence] = [
         s
