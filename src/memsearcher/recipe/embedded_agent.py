@@ -35,6 +35,7 @@ from typing import Any
 
 from memsearcher.agent import AgentConfig
 from memsearcher.config import config_to_dict, default_dict, positive, require
+from memsearcher.data.compose import write_examples
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
@@ -206,7 +207,7 @@ def build_data(config: RecipeConfig, folder: Path, echo: Echo) -> dict[str, list
         for name, one_hop in (("rl", config.rl_one_hop), ("test", config.test_one_hop)):
             chosen = _two_hop_first(splits[name], one_hop)
             kept = answerable(chosen, tokenizer, retriever, teacher)
-            _write_questions(files[name], [q.to_example() for q in kept])
+            write_examples(files[name], [q.to_example() for q in kept], overwrite=True)
     if config.rl_worlds and not (folder / "questions" / "grpo.jsonl").is_file():
         _add_world_questions(config, folder, tokenizer)
     return {name: read_examples(path) for name, path in files.items()}
@@ -228,7 +229,7 @@ def _add_world_questions(config: RecipeConfig, folder: Path, tokenizer: Tokenize
     right = answered_right(examples, oracle_policy(examples), tokenizer, index, teacher)
     kept = [example for example, ok in zip(examples, right, strict=True) if ok]
     rl = read_examples(folder / "questions" / "rl.jsonl")
-    _write_questions(folder / "questions" / "grpo.jsonl", rl + kept)
+    write_examples(folder / "questions" / "grpo.jsonl", rl + kept, overwrite=True)
 
 
 def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQuestion]:
@@ -238,21 +239,6 @@ def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQues
     singles = sorted((q for q in questions if len(q.chain) == 1), key=lambda q: q.question)
     stride = max(1, len(singles) // max(one_hop, 1))
     return two + singles[::stride][:one_hop]
-
-
-def _write_questions(path: Path, examples: list[QAExample]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".tmp")
-    with staging.open("w", encoding="utf-8") as lines:
-        for example in examples:
-            row = {
-                "id": example.id,
-                "question": example.question,
-                "golden_answers": list(example.golden_answers),
-                "metadata": example.metadata,
-            }
-            lines.write(json.dumps(row, ensure_ascii=False) + "\n")
-    staging.rename(path)
 
 
 def _describe(examples: list[QAExample]) -> dict[str, int]:
