@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+import pytest
+
+from memsearcher.agent.environments.shop_world import ShopConfig, deal_ids, generate_catalogue
 from memsearcher.demo.shop import (
     AGENTS,
     SHOP_OUTPUTS,
     SHOP_PRESETS,
-    deal_ids,
     keyword_lookups,
 )
 from memsearcher.demo.shop_report import format_decoding, reward_gain
@@ -142,3 +143,34 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
     assert "| sft | memsearcher |" in report and "| ppo | mem1 |" in report
     assert "| ppo | mem1 |" in done.stdout
     assert {p.name for p in out.iterdir()} == {*SHOP_OUTPUTS, MARKER}
+
+
+def test_rl_on_a_fresh_shop_trains_on_no_instruction_sft_or_evaluation_uses(
+    tmp_path: Path,
+) -> None:
+    """``rl_shop: fresh``: RL's instructions (all splits) come from the shop after SFT's, under
+    the tested shop's ids: a shop neither SFT nor evaluation uses, and every target is an id the
+    model's vocabulary holds. ``tested`` keeps the tested shop's rl split."""
+    import yaml
+
+    from memsearcher.demo.shop import DEMO_SHOP_TEMPLATES, _rl_config, other_shop
+    from memsearcher.rl.tasks import open_task
+
+    templates = tmp_path / "templates.yaml"
+    templates.write_text(yaml.safe_dump(DEMO_SHOP_TEMPLATES))
+    config = replace(QUICK, rl_shop="fresh")
+    seed = 3
+    rl = _rl_config(config, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
+    assert (rl.shop_split, rl.shop_ids_from) == ("train+rl+test", seed)
+    used = {seed, *(other_shop(seed, k) for k in range(config.sft_shops))}  # tested, SFT's
+    assert rl.shop.seed == other_shop(seed, config.sft_shops) and rl.shop.seed not in used
+    trained = open_task(rl).questions
+    fresh = generate_catalogue(rl.shop)
+    every = [i.text for split in ("train", "rl", "test") for i in fresh.split(split)]
+    assert [q.question for q in trained] == every and len(every) == len(fresh.instructions)
+    tested = generate_catalogue(replace(config.shop, seed=seed))
+    assert {q.golden_answers[0] for q in trained} <= {p.asin for p in tested.products}
+    plain = _rl_config(QUICK, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
+    assert (plain.shop.seed, plain.shop_split, plain.shop_ids_from) == (seed, "rl", None)
+    with pytest.raises(ValueError, match="rl_shop must be one of"):
+        replace(QUICK, rl_shop="other")

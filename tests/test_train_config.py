@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -297,6 +298,7 @@ SHOP = ["environment=shop", "reward=environment"]
         ([*SHOP, "shop_split=train+dev"], "shop_split must be one of ['train', 'rl', 'test'],"),
         ([*SHOP, "data=q.jsonl"], "data must be empty with environment: shop"),
         ([*SHOP, "retriever=http://x"], "retriever must be null with environment: shop"),
+        (["shop_ids_from=3"], "shop_ids_from must be null unless environment: shop"),
     ],
 )
 def test_each_environment_takes_only_what_it_can_use(overrides: list[str], message: str) -> None:
@@ -327,6 +329,28 @@ def test_the_shop_trains_on_several_splits_joined_by_plus() -> None:
     assert trained == by_split["train"] | by_split["rl"]
     rl_only = load_config(GRPOConfig, None, small)
     assert {q.id for q in open_task(rl_only).questions} == by_split["rl"]
+
+
+def test_the_shop_trains_under_another_shops_ids() -> None:
+    """``shop_ids_from``: the trained shop's own products and instructions, under the ids of
+    the shop of that seed, the same deal each time; without it, the shop's own ids."""
+    from memsearcher.agent.environments.shop_world import generate_catalogue
+    from memsearcher.rl.tasks import open_task
+
+    small = [*SHOP, "shop.families_per_category=1", "shop.seed=5", "shop_split=train+rl+test"]
+    own = open_task(load_config(GRPOConfig, None, small))
+    config = load_config(GRPOConfig, None, [*small, "shop_ids_from=0"])
+    task = open_task(config)
+    trained = generate_catalogue(config.shop)
+    owner_ids = {p.asin for p in generate_catalogue(replace(config.shop, seed=0)).products}
+    assert {p.asin for p in trained.products}.isdisjoint(owner_ids)  # two shops, two id sets
+    shop = task.environment.catalogue  # type: ignore[attr-defined]
+    assert {p.asin for p in shop.products} == owner_ids
+    assert [p.title for p in shop.products] == [p.title for p in trained.products]
+    assert [q.question for q in task.questions] == [q.question for q in own.questions]
+    assert {q.golden_answers[0] for q in task.questions} <= owner_ids  # the targets' ids
+    again = open_task(config).environment.catalogue  # type: ignore[attr-defined]
+    assert again == shop
 
 
 @pytest.mark.parametrize("repeat_ends", [False, True])

@@ -16,14 +16,14 @@ a function that starts each agent's episodes in it) and an entry here (docs/arch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from memsearcher.agent import start_episodes
 from memsearcher.agent.base import AgentConfig, Episode
 from memsearcher.agent.environments import Environment
 from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
-from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+from memsearcher.agent.environments.shop_world import ShopConfig, deal_ids, generate_catalogue
 from memsearcher.agent.prompts import Templates
 from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.data.flashrag import read_examples
@@ -74,6 +74,7 @@ class ShopSettings(Protocol):
     shop: ShopConfig
     shop_split: str
     shop_repeat_ends: bool
+    shop_ids_from: int | None
 
 
 def open_search(settings: SearchSettings) -> Opened:
@@ -86,8 +87,13 @@ def open_search(settings: SearchSettings) -> Opened:
 
 def open_shop(settings: ShopSettings) -> Opened:
     """The instructions of ``shop_split`` (one split, or several joined by ``+``) of the shop
-    ``shop`` generates, in sessions of that shop over its own BM25."""
+    ``shop`` generates, in sessions of that shop over its own BM25; with ``shop_ids_from``, its
+    products under the ids of the shop of that seed, dealt by the trained shop's seed."""
     catalogue = generate_catalogue(settings.shop)
+    if settings.shop_ids_from is not None:
+        owner = generate_catalogue(replace(settings.shop, seed=settings.shop_ids_from))
+        ids = [product.asin for product in owner.products]
+        catalogue = deal_ids(catalogue, ids, seed=settings.shop.seed)
     splits = settings.shop_split.split("+")
     questions = [instruction_example(i) for s in splits for i in catalogue.split(s)]
     if not questions:

@@ -16,7 +16,6 @@ act in the tested shop, on instructions whose target products SFT never saw.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -38,9 +37,11 @@ from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
     Catalogue,
     ShopConfig,
+    deal_ids,
     generate_catalogue,
 )
 from memsearcher.agent.shop_agents import SHOP_AGENTS, ShopTemplates, start_shop_episodes
+from memsearcher.config import require
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.pipeline import Stages, load_model, read_metric, sft_config
@@ -60,13 +61,15 @@ __all__ = [
     "SHOP_OUTPUTS",
     "SHOP_PRESETS",
     "ShopDemoConfig",
-    "deal_ids",
     "evaluate_shop_models",
     "run_shop_demo",
 ]
 
 AGENTS = tuple(SHOP_AGENTS)
 """memsearcher, react, mem1."""
+
+RL_SHOPS = ("tested", "fresh")
+"""`ShopDemoConfig.rl_shop`'s choices."""
 
 METHODS = {"grpo": "grpo", "gae": "ppo"}
 """The name of an RL run's method by its advantage: GRPO, or PPO with a critic (GAE)."""
@@ -153,8 +156,16 @@ class ShopDemoConfig:
     with reward 0 (`ShopEnv`'s ``repeat_ends``; evaluation keeps the plain shop). Greedy
     decoding repeats it to the step limit, as a memory agent's prompt does not change; sampled
     rollouts escape often enough that RL did not learn to leave it (docs/environments.md)."""
+    rl_shop: str = "tested"
+    """Where RL shops: ``tested``, the tested shop's ``rl`` instructions; ``fresh``, every
+    instruction of a shop of another seed that neither SFT nor evaluation uses, its products
+    under the tested shop's ids dealt anew (GRPO's ``shop_ids_from``), so that no instruction
+    or product RL trains on comes back (docs/environments.md)."""
     test_instructions: int = 200
     """Held-out test instructions evaluated per (method, agent), at most."""
+
+    def __post_init__(self) -> None:
+        require(self, "rl_shop", self.rl_shop in RL_SHOPS, f"one of {list(RL_SHOPS)}")
 
 
 SHOP_PRESETS: dict[str, ShopDemoConfig] = {
@@ -197,17 +208,10 @@ action that changes nothing (an invalid click), its next prompt is the same, so 
 action, to the turn limit. Sampling escapes, as in RL's own rollouts."""
 
 
-def deal_ids(catalogue: Catalogue, ids: list[str], seed: int) -> Catalogue:
-    """``catalogue`` with its product ids replaced by ``ids`` (as many), dealt at random."""
-    if len(ids) != len(catalogue.products):
-        raise ValueError(f"{len(ids)} ids for {len(catalogue.products)} products")
-    dealt = random.Random(seed).sample(ids, len(ids))
-    new = {p.asin: asin for p, asin in zip(catalogue.products, dealt, strict=True)}
-    products = tuple(replace(p, asin=new[p.asin]) for p in catalogue.products)
-    instructions = tuple(
-        replace(i, goal=replace(i.goal, asin=new[i.goal.asin])) for i in catalogue.instructions
-    )
-    return replace(catalogue, products=products, instructions=instructions)
+def other_shop(seed: int, k: int) -> int:
+    """The seed of the run's ``k``-th shop other than the tested one: SFT's shops are 0 ..
+    ``sft_shops`` - 1, RL's fresh shop the next."""
+    return seed * 1000 + 1 + k
 
 
 def keyword_lookups(catalogues: Sequence[Catalogue]) -> list[tuple[str, str]]:
@@ -231,7 +235,7 @@ def run_shop_demo(
         shop = generate_catalogue(replace(config.shop, seed=seed))
         ids = [p.asin for p in shop.products]
         sft_shops = [
-            deal_ids(generate_catalogue(replace(config.shop, seed=seed * 1000 + 1 + k)), ids, k)
+            deal_ids(generate_catalogue(replace(config.shop, seed=other_shop(seed, k))), ids, k)
             for k in range(config.sft_shops)
         ]
         splits = {s: [i.id for i in shop.split(s)] for s in ("train", "rl", "test")}
@@ -373,12 +377,15 @@ def _rl_config(
     output: Path,
     seed: int,
 ) -> GRPOConfig:
-    """The RL run of ``agent`` from ``model`` on the tested shop's ``rl`` instructions."""
+    """The RL run of ``agent`` from ``model`` on the tested shop's ``rl`` instructions, or on
+    a fresh shop's (`ShopDemoConfig.rl_shop`: the seed after SFT's shops')."""
+    fresh = config.rl_shop == "fresh"
     return GRPOConfig(
         environment="shop",
         reward="environment",
-        shop=replace(config.shop, seed=seed),
-        shop_split="rl",
+        shop=replace(config.shop, seed=other_shop(seed, config.sft_shops) if fresh else seed),
+        shop_split="train+rl+test" if fresh else "rl",
+        shop_ids_from=seed if fresh else None,
         shop_repeat_ends=config.rl_repeat_ends,
         output_dir=str(output),
         agent_name=agent,

@@ -168,6 +168,11 @@ class GRPOConfig:
     """environment: shop: an invalid action written again right after itself ends the episode
     with reward 0 (`ShopEnv`), so that RL pays for leaving the page a memory agent would
     otherwise loop on under greedy decoding."""
+    shop_ids_from: int | None = None
+    """environment: shop: the seed of a shop of the same sizes whose product ids the trained
+    shop's products take, dealt at random (`deal_ids`), so that a model whose vocabulary holds
+    one shop's ids trains on another shop's instructions (the shop demo's ``rl_shop: fresh``);
+    None: the shop's own ids."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE
@@ -405,6 +410,8 @@ def _check_environment(config: GRPOConfig) -> None:
         rule = f"an answer reward with environment: {name}, whose environment gives none"
         require(config, "reward", config.reward != "environment", rule)
     if name != "shop":
+        rule = "null unless environment: shop (another shop's ids for the trained shop)"
+        require(config, "shop_ids_from", config.shop_ids_from is None, rule)
         return
     splits = config.shop_split.split("+")
     known = set(splits) <= set(SPLITS) and len(set(splits)) == len(splits)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memsearcher.errors import MemSearcherError
 
@@ -41,6 +41,7 @@ __all__ = [
     "Instruction",
     "Product",
     "ShopConfig",
+    "deal_ids",
     "generate_catalogue",
 ]
 
@@ -271,6 +272,21 @@ def generate_catalogue(config: ShopConfig = ShopConfig()) -> Catalogue:
             )
     rng.shuffle(products)
     return Catalogue(config, tuple(products), tuple(instructions))
+
+
+def deal_ids(catalogue: Catalogue, ids: list[str], seed: int) -> Catalogue:
+    """``catalogue`` with its product ids replaced by ``ids`` (as many), dealt at random: its
+    products and instructions under another shop's ids, for a model whose vocabulary holds
+    that shop's ids (the shop demo's SFT shops, and its RL on a fresh shop)."""
+    if len(ids) != len(catalogue.products):
+        raise ValueError(f"{len(ids)} ids for {len(catalogue.products)} products")
+    dealt = random.Random(seed).sample(ids, len(ids))
+    new = {p.asin: asin for p, asin in zip(catalogue.products, dealt, strict=True)}
+    products = tuple(replace(p, asin=new[p.asin]) for p in catalogue.products)
+    instructions = tuple(
+        replace(i, goal=replace(i.goal, asin=new[i.goal.asin])) for i in catalogue.instructions
+    )
+    return replace(catalogue, products=products, instructions=instructions)
 
 
 def _family(
