@@ -140,6 +140,7 @@ def test_shop_demo_quick_runs_every_stage_from_the_command_line(tmp_path: Path) 
     report = (out / "report.md").read_text()
     assert f"after SFT {probe['sft']:.3f}" in report
     assert "RL minus SFT, mean reward" in report and "## Sampled at temperature" in report
+    assert "every instruction of one more shop of another seed" in report  # rl_shop: fresh
     assert "| sft | memsearcher |" in report and "| ppo | mem1 |" in report
     assert "| ppo | mem1 |" in done.stdout
     assert {p.name for p in out.iterdir()} == {*SHOP_OUTPUTS, MARKER}
@@ -170,7 +171,9 @@ def test_rl_on_a_fresh_shop_trains_on_no_instruction_sft_or_evaluation_uses(
     assert [q.question for q in trained] == every and len(every) == len(fresh.instructions)
     tested = generate_catalogue(replace(config.shop, seed=seed))
     assert {q.golden_answers[0] for q in trained} <= {p.asin for p in tested.products}
-    plain = _rl_config(QUICK, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
+    assert QUICK.rl_shop == "fresh"  # the default
+    tested = replace(QUICK, rl_shop="tested")
+    plain = _rl_config(tested, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
     assert (plain.shop.seed, plain.shop_split, plain.shop_ids_from) == (seed, "rl", None)
     with pytest.raises(ValueError, match="rl_shop must be one of"):
         replace(QUICK, rl_shop="other")

@@ -92,6 +92,10 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
     curves = "\n".join(f"- {name}: {format_curve(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
     probe = results["copy_probe"]
+    where = {
+        "fresh": "every instruction of one more shop of another seed, under the tested shop's ids",
+        "tested": "the tested shop's rl instructions",
+    }[results["config"]["rl_shop"]]
     text = f"""# Shop demo, seed {results["seed"]}
 
 Held-out test instructions of the tested shop ({results["shop"]}).
@@ -113,7 +117,7 @@ Copy probe (teacher-forced top-token accuracy on the {probe["id_tokens"]} produc
 of the ideal shopper's held-out trajectories): untrained {probe["init"]:.3f}, after the copy
 warm-up {probe["warm-up"]:.3f}, after SFT {probe["sft"]:.3f}.
 
-RL mean reward per step (rollouts at temperature {results["config"]["temperature"]}):
+RL mean reward per step (rollouts at temperature {results["config"]["temperature"]}, {where}):
 {curves}
 
 Stage times: {times}.
