@@ -16,6 +16,7 @@ from memsearcher.demo.shop import (
     AGENTS,
     SHOP_OUTPUTS,
     SHOP_PRESETS,
+    ShopDemoConfig,
     keyword_lookups,
 )
 from memsearcher.demo.shop_report import format_decoding, reward_gain
@@ -159,7 +160,8 @@ def test_rl_on_a_fresh_shop_trains_on_no_instruction_sft_or_evaluation_uses(
 
     templates = tmp_path / "templates.yaml"
     templates.write_text(yaml.safe_dump(DEMO_SHOP_TEMPLATES))
-    config = replace(QUICK, rl_shop="fresh")
+    assert ShopDemoConfig().rl_shop == "fresh"  # the default
+    config = QUICK
     seed = 3
     rl = _rl_config(config, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
     assert (rl.shop_split, rl.shop_ids_from) == ("train+rl+test", seed)
@@ -171,7 +173,6 @@ def test_rl_on_a_fresh_shop_trains_on_no_instruction_sft_or_evaluation_uses(
     assert [q.question for q in trained] == every and len(every) == len(fresh.instructions)
     tested = generate_catalogue(replace(config.shop, seed=seed))
     assert {q.golden_answers[0] for q in trained} <= {p.asin for p in tested.products}
-    assert QUICK.rl_shop == "fresh"  # the default
     tested = replace(QUICK, rl_shop="tested")
     plain = _rl_config(tested, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
     assert (plain.shop.seed, plain.shop_split, plain.shop_ids_from) == (seed, "rl", None)

@@ -348,7 +348,10 @@ def test_the_shop_trains_under_another_shops_ids() -> None:
     assert {p.asin for p in shop.products} == owner_ids
     assert [p.title for p in shop.products] == [p.title for p in trained.products]
     assert [q.question for q in task.questions] == [q.question for q in own.questions]
-    assert {q.golden_answers[0] for q in task.questions} <= owner_ids  # the targets' ids
+    for dealt, plain in zip(task.questions, own.questions, strict=True):  # each target kept
+        assert shop.product(dealt.golden_answers[0]).title == (
+            trained.product(plain.golden_answers[0]).title
+        )
     again = open_task(config).environment.catalogue  # type: ignore[attr-defined]
     assert again == shop
 

@@ -161,7 +161,7 @@ class ShopDemoConfig:
     rl_shop: str = "fresh"
     """Where RL shops: ``fresh``, every instruction of a shop of another seed that neither SFT
     nor evaluation uses, its products under the tested shop's ids dealt anew (GRPO's
-    ``shop_ids_from``), so that no instruction or product RL trains on comes back; ``tested``,
+    ``shop_ids_from``), so that no target product RL trains on is tested; ``tested``,
     the tested shop's ``rl`` instructions. Measured on seed 0 from one SFT model, GRPO's greedy
     gain over SFT: MemSearcher +0.193 fresh, -0.005 tested; MEM1 +0.111, -0.017
     (docs/environments.md)."""
