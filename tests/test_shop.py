@@ -28,6 +28,7 @@ from memsearcher.agent.environments.shop_world import (
     Goal,
     Product,
     ShopConfig,
+    deal_ids,
     generate_catalogue,
 )
 from memsearcher.errors import MemSearcherError
@@ -71,6 +72,22 @@ def test_splits_are_disjoint_by_target_product(catalogue: Catalogue) -> None:
     assert not targets["train"] & targets["test"]
     assert not targets["rl"] & targets["test"]
     assert sum(len(catalogue.split(name)) for name in SPLITS) == len(catalogue.instructions)
+
+
+def test_deal_ids_puts_another_shop_under_these_ids() -> None:
+    tested = generate_catalogue(ShopConfig(seed=0, families_per_category=2))
+    other = generate_catalogue(ShopConfig(seed=1001, families_per_category=2))
+    ids = [p.asin for p in tested.products]
+    dealt = deal_ids(other, ids, seed=0)
+    assert sorted(p.asin for p in dealt.products) == sorted(ids)
+    assert deal_ids(other, ids, seed=0) == dealt  # the same deal for a seed
+    titles = {p.asin: p.title for p in tested.products}
+    # other products under the same ids: an id learnt in SFT answers nothing in the tested shop
+    assert all(titles[p.asin] != p.title for p in dealt.products)
+    for old, new in zip(other.instructions, dealt.instructions, strict=True):
+        assert new.text == old.text  # instructions never name an id
+        target = dealt.product(new.goal.asin)
+        assert target.title == other.product(old.goal.asin).title
 
 
 def test_every_target_has_its_distractors(catalogue: Catalogue) -> None:

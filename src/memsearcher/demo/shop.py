@@ -37,6 +37,7 @@ from memsearcher.agent.environments.shop import (
 )
 from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
+    SPLITS,
     Catalogue,
     ShopConfig,
     deal_ids,
@@ -47,7 +48,7 @@ from memsearcher.config import require
 from memsearcher.demo.copying import name_token_accuracy, warm_up_copying
 from memsearcher.demo.model import ModelSize, save_demo_model
 from memsearcher.demo.pipeline import Stages, load_model, read_metric, sft_config
-from memsearcher.demo.shop_report import format_curve, reward_gain
+from memsearcher.demo.shop_report import RL_SHOPS, format_curve, reward_gain
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm import load_tokenizer
 from memsearcher.llm.base import SamplingParams
@@ -69,9 +70,6 @@ __all__ = [
 
 AGENTS = tuple(SHOP_AGENTS)
 """memsearcher, react, mem1."""
-
-RL_SHOPS = ("tested", "fresh")
-"""`ShopDemoConfig.rl_shop`'s choices."""
 
 METHODS = {"grpo": "grpo", "gae": "ppo"}
 """The name of an RL run's method by its advantage: GRPO, or PPO with a critic (GAE)."""
@@ -388,7 +386,7 @@ def _rl_config(
         environment="shop",
         reward="environment",
         shop=replace(config.shop, seed=other_shop(seed, config.sft_shops) if fresh else seed),
-        shop_split="train+rl+test" if fresh else "rl",
+        shop_split="+".join(SPLITS) if fresh else "rl",
         shop_ids_from=seed if fresh else None,
         shop_repeat_ends=config.rl_repeat_ends,
         output_dir=str(output),

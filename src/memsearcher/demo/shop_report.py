@@ -12,12 +12,19 @@ from memsearcher.eval.predictions import latest_records, read_predictions
 from memsearcher.eval.report import paired_bootstrap, paired_differences
 
 __all__ = [
+    "RL_SHOPS",
     "format_curve",
     "format_decoding",
     "format_shop_results",
     "reward_gain",
     "write_shop_report",
 ]
+
+RL_SHOPS = {
+    "fresh": "every instruction of one more shop of another seed, under the tested shop's ids",
+    "tested": "the tested shop's rl instructions",
+}
+"""`memsearcher.demo.shop.ShopDemoConfig.rl_shop`'s choices, each with where RL shops."""
 
 
 def format_curve(values: list[float]) -> str:
@@ -92,10 +99,7 @@ def write_shop_report(out: str | Path, results: dict[str, Any]) -> Path:
     curves = "\n".join(f"- {name}: {format_curve(r)}" for name, r in results["rl_rewards"].items())
     times = ", ".join(f"{name} {s:.0f} s" for name, s in results["timings"].items())
     probe = results["copy_probe"]
-    where = {
-        "fresh": "every instruction of one more shop of another seed, under the tested shop's ids",
-        "tested": "the tested shop's rl instructions",
-    }[results["config"]["rl_shop"]]
+    where = RL_SHOPS[results["config"]["rl_shop"]]
     text = f"""# Shop demo, seed {results["seed"]}
 
 Held-out test instructions of the tested shop ({results["shop"]}).
