@@ -157,8 +157,8 @@ def test_rl_on_a_fresh_shop_trains_on_no_instruction_sft_or_evaluation_uses(
     assert [q.question for q in trained] == every and len(every) == len(fresh.instructions)
     tested = generate_catalogue(replace(config.shop, seed=seed))
     assert {q.golden_answers[0] for q in trained} <= {p.asin for p in tested.products}
-    tested = replace(QUICK, rl_shop="tested")
-    plain = _rl_config(tested, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
+    on_tested = replace(QUICK, rl_shop="tested")
+    plain = _rl_config(on_tested, "memsearcher", "grpo", templates, tmp_path, tmp_path, seed)
     assert (plain.shop.seed, plain.shop_split, plain.shop_ids_from) == (seed, "rl", None)
     with pytest.raises(ValueError, match="rl_shop must be one of"):
         replace(QUICK, rl_shop="other")
