@@ -34,6 +34,7 @@ def tiny_overrides(tmp_path: Path) -> list[str]:
         "evaluation={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, top_n: 2}",
         "build.worlds=1", "build.questions_per_world=2", "build.wiki_questions=12",
         f"sft.model.path={tiny}", "sft.steps=2", "sft.sequences_per_step=2", "sft.save_every=1",
+        "turn1_steps=1",
         "sft.optim.lr=1e-3", *[f"sft.model.{o}" for o in lora],
         "grpo.steps=1", "grpo.questions_per_step=1", "grpo.mini_batch_questions=1",
         "grpo.group_size=2", "grpo.agent={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, "
@@ -61,11 +62,17 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     # GRPO trains on the rl split and a world's multi-hop questions, over both corpora
     grpo = read_examples(run / "data" / "questions" / "grpo.jsonl")
     assert grpo[: len(rl)] == rl and {e.id.split("-")[0] for e in grpo[len(rl) :]} == {"world1"}
+    # the second SFT pass trains on turn 1 of the Wikipedia trajectories, from the SFT model;
+    # GRPO starts from its model
+    turn1 = json.loads((run / "sft-turn1" / "config.json").read_text())
+    assert turn1["model"]["path"] == str(run / "models" / "sft") and turn1["steps"] == 1
+    assert_turn1_data(run / "data" / "protocol.jsonl", run / "data" / "turn1.jsonl")
     for agent in ("memsearcher", "react"):
         trained = json.loads((run / f"grpo-{agent}" / "config.json").read_text())
         assert trained["data"].endswith("grpo.jsonl")
         assert trained["retriever"] == str(run / "data" / "rl-index")
-    for name in ("sft", "grpo-memsearcher", "grpo-react"):
+        assert trained["model"]["path"] == str(run / "models" / "sft-turn1")
+    for name in ("sft", "sft-turn1", "grpo-memsearcher", "grpo-react"):
         adapter = run / "adapters" / name
         assert (adapter / "adapter_model.safetensors").is_file(), name
         assert (adapter / "README.md").read_text().startswith("# SmolLM2-135M-Instruct")
@@ -94,6 +101,25 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     assert main([*args, *overrides, "grpo.steps=2", "sft.steps=3"]) == 2
 
 
+def assert_turn1_data(protocol: Path, turn1: Path) -> None:
+    """``turn1`` holds, for every Wikipedia trajectory of ``protocol`` in order, the trajectory
+    with turn 1's sequence alone: MemSearcher's turn after its first search (not its first
+    turn), ReAct's one sequence."""
+    wiki = [
+        row for row in map(json.loads, protocol.open()) if row["example"]["id"].startswith("wiki-")
+    ]
+    rows = [json.loads(line) for line in turn1.open()]
+    assert [row["example"] for row in rows] == [row["example"] for row in wiki] and rows
+    agents = set()
+    for row, whole in zip(rows, wiki, strict=True):
+        agents.add(whole["agent"])
+        turn = next(t for t in whole["turns"] if t["index"] == 1)
+        assert row["sequences"] == [whole["sequences"][turn["sequence_index"]]]
+        if whole["agent"] == "memsearcher":
+            assert row["sequences"][0] != whole["sequences"][0]
+    assert agents == {"memsearcher", "react"}
+
+
 def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     out = tmp_path / "mine"
     out.mkdir()
@@ -113,6 +139,8 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         grpo = GRPOConfig(model=ModelConfig(lora_rank=4), questions_per_step=4,
                           mini_batch_questions=4, steps=0)  # fmt: skip
         RecipeConfig(build=BUILD, sft=_lora(), grpo=grpo)
+    with pytest.raises(ValueError, match="turn1_steps must be >= 0"):
+        RecipeConfig(build=BUILD, sft=_lora(), grpo=_lora_grpo(), turn1_steps=-1)
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
     _claim(out, config)

@@ -43,8 +43,12 @@ PROTOCOL_ADAPTER = ADAPTERS / "smollm2-135m-protocol"
 SFT_ADAPTER = ADAPTERS / "smollm2-135m-sft"
 """The packaged SFT adapter over the raw model (PEFT LoRA layout: adapter_config.json and
 safetensors, and a model card)."""
+TURN1_ADAPTER = ADAPTERS / "smollm2-135m-turn1"
+"""The recipe's second SFT pass (its ``turn1_steps``), trained over the raw model with
+`SFT_ADAPTER` merged in; shipped only by a recipe that makes it."""
 GRPO_ADAPTER = ADAPTERS / "smollm2-135m-grpo"
-"""The packaged GRPO adapter, trained over the raw model with `SFT_ADAPTER` merged in."""
+"""The packaged GRPO adapter, trained over the raw model with `SFT_ADAPTER` (and
+`TURN1_ADAPTER`, when the recipe made one) merged in."""
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 

@@ -9,17 +9,21 @@ run again, so an interrupted build loses at most one checkpoint interval::
                                questions/rl.jsonl and questions/test.jsonl (FlashRAG rows)
     OUT/sft/                   train_sft checkpoints: a LoRA adapter over the raw model
     OUT/models/sft/            the raw model with the SFT adapter merged in: GRPO's start
-    OUT/grpo-<agent>/          train_grpo checkpoints: a LoRA adapter over models/sft
-    OUT/models/grpo-<agent>/   models/sft with that GRPO adapter merged in
+    OUT/data/turn1.jsonl, OUT/sft-turn1/, OUT/models/sft-turn1/
+                               with ``turn1_steps`` > 0, a second SFT pass (a fresh LoRA over
+                               models/sft) on turn 1 of every Wikipedia trajectory: then this
+                               merged model is GRPO's start, and the SFT model evaluated
+    OUT/grpo-<agent>/          train_grpo checkpoints: a LoRA adapter over GRPO's start
+    OUT/models/grpo-<agent>/   GRPO's start with that GRPO adapter merged in
     OUT/adapters/              the adapters as the package ships them (float16, model cards)
     OUT/eval/<model>-<agent>/  predictions on the held-out and the test questions
     OUT/timings.json, OUT/results.json, OUT/report.md, OUT/reward_per_step.png
     OUT/superseded/grpo-<N>-steps/   what N GRPO steps made, moved here when a rerun raises
                                ``grpo.steps`` (GRPO trains on; `memsearcher.recipe.run_folder`)
 
-With ``ship`` set, the SFT adapter and MemSearcher's GRPO adapter are also written into that
-folder (the package's ``llm/adapters``): the SFT one is the ``embedded-sft`` model, and
-`memsearcher.llm.embedded.STACKS` says whether ``embedded`` stacks the GRPO one on it.
+With ``ship`` set, the SFT adapter (and the turn-1 one), and MemSearcher's GRPO adapter are also
+written into that folder (the package's ``llm/adapters``); `memsearcher.llm.embedded.STACKS`
+says which stacks the ``embedded`` and ``embedded-sft`` models are.
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm.base import Tokenizer
-from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, merge_adapters, resolve_model
+from memsearcher.llm.embedded import (
+    GRPO_ADAPTER,
+    SFT_ADAPTER,
+    TURN1_ADAPTER,
+    merge_adapters,
+    resolve_model,
+)
 from memsearcher.recipe.report import analyse
 from memsearcher.recipe.run_folder import claim
 from memsearcher.rl.checkpoint import latest_checkpoint
@@ -79,6 +89,13 @@ class RecipeConfig:
     """SFT of the raw model (its model.path) on the teacher's data."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPO of each agent from the SFT model, on the rl questions."""
+    turn1_steps: int = 0
+    """Steps (of ``sft.sequences_per_step``) of a second SFT pass, a fresh LoRA over the SFT
+    model, on turn 1's sequence of every Wikipedia trajectory of the teacher's data: the turn
+    after the first search, where a two-hop question needs a second search (try 8 of
+    docs/embedded-agent.md). GRPO then starts from its model. 0: no second pass."""
+    turn1_lr: float = 1e-3
+    """The second pass's peak learning rate (its schedule is ``sft.optim``'s)."""
     rl_one_hop: int = 48
     """One-hop rl questions GRPO trains on, beside every answerable two-hop one."""
     test_one_hop: int = 48
@@ -109,6 +126,8 @@ class RecipeConfig:
     def __post_init__(self) -> None:
         require(self, "agents", set(self.agents) <= set(AGENTS) and bool(self.agents),
                 f"some of {list(AGENTS)}")  # fmt: skip
+        require(self, "turn1_steps", self.turn1_steps >= 0, ">= 0 (0: no second pass)")
+        require(self, "turn1_lr", self.turn1_lr > 0, "> 0")
         require(self, "rl_one_hop", self.rl_one_hop >= 0, ">= 0")
         require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
         require(self, "rl_worlds", self.rl_worlds >= 0, ">= 0 (0: none)")
@@ -163,6 +182,9 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
         questions = build_data(config, out / "data", echo)
     with stage("SFT"):
         sft_model = train_sft_stage(config, out, echo)
+    if config.turn1_steps:
+        with stage("SFT (turn 1)"):
+            sft_model = train_turn1_stage(config, sft_model, out, echo)
     grpo_models = {}
     for agent in config.agents:
         with stage(f"GRPO ({agent})"):
@@ -252,17 +274,61 @@ def _describe(examples: list[QAExample]) -> dict[str, int]:
 def train_sft_stage(config: RecipeConfig, out: Path, echo: Echo) -> Path:
     """SFT of the raw model on the teacher's data, resumed from its last checkpoint; then its
     adapter merged into the raw model (``models/sft``) and exported (``adapters/sft``)."""
-    from memsearcher.rl.train_sft import train_sft
-
     sft = replace(config.sft, data=str(out / "data" / "protocol.jsonl"),
                   output_dir=str(out / "sft"))  # fmt: skip
+    return _sft(sft, Path(config.base), out, lambda: sft_card(config, out), echo)
+
+
+def train_turn1_stage(config: RecipeConfig, start: Path, out: Path, echo: Echo) -> Path:
+    """The second SFT pass (``turn1_steps``): a fresh LoRA over the SFT model ``start`` on turn
+    1 of every Wikipedia trajectory (``data/turn1.jsonl``), resumed from its last checkpoint;
+    merged into ``start`` (``models/sft-turn1``) and exported (``adapters/sft-turn1``)."""
+    data = out / "data" / "turn1.jsonl"
+    if not data.is_file():
+        write_turn1_data(out / "data" / "protocol.jsonl", data)
+    sft = replace(
+        config.sft,
+        data=str(data),
+        output_dir=str(out / "sft-turn1"),
+        steps=config.turn1_steps,
+        model=replace(config.sft.model, path=str(start)),
+        optim=replace(config.sft.optim, lr=config.turn1_lr),
+    )
+    return _sft(sft, start, out, lambda: turn1_card(config, out), echo)
+
+
+def write_turn1_data(protocol: Path, target: Path) -> None:
+    """Turn 1's sequence of every Wikipedia trajectory of ``protocol`` (the teacher's data),
+    each row a one-sequence trajectory: MemSearcher's turn after its first search (a second
+    search on a two-hop question, else the answer) and ReAct's whole trajectory (one
+    sequence holds all its turns). Synthetic worlds' trajectories are left out."""
+    rows = []
+    with protocol.open(encoding="utf-8") as lines:
+        for line in lines:
+            row = json.loads(line)
+            if "chain" not in row["example"]["metadata"]:  # a synthetic world's
+                continue
+            turn = next(t for t in row["turns"] if t["index"] == 1)
+            rows.append({**row, "sequences": [row["sequences"][turn["sequence_index"]]]})
+    staging = target.with_name(target.name + ".partial")
+    staging.write_text("".join(json.dumps(row) + "\n" for row in rows), "utf-8")
+    staging.rename(target)
+
+
+def _sft(sft: SFTConfig, start: Path, out: Path, card: Callable[[], str], echo: Echo) -> Path:
+    """Train (or resume) ``sft`` to its last step; merge its adapter into ``start`` as
+    ``models/<name>`` and export it as ``adapters/<name>``, ``name`` being its output
+    folder's."""
+    from memsearcher.rl.train_sft import train_sft
+
     final = _train(sft, lambda resume: train_sft(sft, resume=resume, echo=echo))
-    merged = out / "models" / "sft"
+    name = Path(sft.output_dir).name
+    merged = out / "models" / name
     if not (merged / "config.json").is_file():
-        _merge(Path(config.base), final / "model", merged)
-    exported = out / "adapters" / "sft"
-    if not (exported / "README.md").is_file():
-        export_adapter(final / "model", exported, sft_card(config, out), BASE_ID)
+        _merge(start, final / "model", merged)
+    exported = out / "adapters" / name
+    if not (exported / "README.md").is_file():  # the card is written last
+        export_adapter(final / "model", exported, card(), BASE_ID)
     return merged
 
 
@@ -326,9 +392,9 @@ def evaluate(
     out: Path,
     echo: Echo,
 ) -> dict[str, Any]:
-    """Greedy evaluation of the SFT model as every agent and of each GRPO model as its agent,
-    on the held-out and the test questions (resumable: `run_eval` skips what is saved), on
-    GRPO's device (``grpo.model.device``); the summaries by run."""
+    """Greedy evaluation of the SFT model (GRPO's start) as every agent and of each GRPO model
+    as its agent, on the held-out and the test questions (resumable: `run_eval` skips what is
+    saved), on GRPO's device (``grpo.model.device``); the summaries by run."""
     from memsearcher.llm.hf import HFModel
     from memsearcher.retrieval import open_retriever
 
@@ -364,9 +430,12 @@ BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def ship(out: Path, folder: Path) -> None:
-    """Copy the SFT adapter and MemSearcher's GRPO adapter into the package's ``folder``."""
-    pairs = ((out / "adapters" / "sft", folder / SFT_ADAPTER.name),
-             (out / "adapters" / "grpo-memsearcher", folder / GRPO_ADAPTER.name))  # fmt: skip
+    """Copy the SFT adapter, the turn-1 one if the recipe made it, and MemSearcher's GRPO
+    adapter into the package's ``folder``."""
+    pairs = [(out / "adapters" / "sft", folder / SFT_ADAPTER.name),
+             (out / "adapters" / "grpo-memsearcher", folder / GRPO_ADAPTER.name)]  # fmt: skip
+    if (out / "adapters" / "sft-turn1").is_dir():
+        pairs.append((out / "adapters" / "sft-turn1", folder / TURN1_ADAPTER.name))
     for source, target in pairs:
         target.mkdir(parents=True, exist_ok=True)
         for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
@@ -406,15 +475,38 @@ License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text
 """
 
 
+def turn1_card(config: RecipeConfig, out: Path) -> str:
+    rows = (out / "data" / "turn1.jsonl").read_text("utf-8").count("\n")
+    sft = config.sft
+    return f"""\
+# SmolLM2-135M-Instruct, turn-1 SFT adapter (memsearcher)
+
+A LoRA adapter trained over SmolLM2-135M-Instruct with the SFT adapter merged in, on turn 1
+of every Wikipedia trajectory of the teacher's data: the turn after the first search, where a
+two-hop question needs a second search. Apply the SFT adapter first, then this one
+(`memsearcher.llm.embedded.embedded_agent_path` does); the two make GRPO's start.
+
+- LoRA: rank {sft.model.lora_rank}, alpha {sft.model.lora_alpha}, on
+  {", ".join(sft.model.lora_targets)}; stored in float16.
+- Training: `memsearcher recipe embedded-agent --config configs/embedded-agent.yaml` (stage
+  SFT (turn 1)): {config.turn1_steps} steps of {sft.sequences_per_step} of the {rows} turn
+  sequences, lr {config.turn1_lr:g} ({sft.optim.schedule}), on {machine()}.
+- Why and what it changed: try 8 of docs/embedded-agent.md.
+
+License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
+"""
+
+
 def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
     grpo = config.grpo
     rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
     rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
+    start = "the SFT and turn-1 adapters" if config.turn1_steps else "the SFT adapter"
     return f"""\
 # SmolLM2-135M-Instruct, GRPO adapter for {agent} (memsearcher)
 
 A LoRA adapter trained by multi-context GRPO (memsearcher's own `train_grpo`) over
-SmolLM2-135M-Instruct with the SFT adapter merged in: apply the SFT adapter first, then this
+SmolLM2-135M-Instruct with {start} merged in: apply {start} first, then this
 one (`memsearcher.llm.embedded.embedded_agent_path` does).
 
 - Rollouts: the {agent} agent, {grpo.group_size} trajectories per question,
