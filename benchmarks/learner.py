@@ -42,7 +42,7 @@ from memsearcher.config import load_config
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFTokenizer
 from memsearcher.llm.scripted import ScriptedLLM
-from memsearcher.recipe.embedded_agent import RecipeConfig
+from memsearcher.recipe.config import RecipeConfig
 from memsearcher.retrieval import load_embedded_retriever
 from memsearcher.rl.batching import (
     MicroBatch,

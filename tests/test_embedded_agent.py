@@ -21,7 +21,7 @@ from memsearcher.llm.embedded import (
     embedded_model_path,
     resolve_model,
 )
-from memsearcher.recipe.embedded_agent import RecipeConfig
+from memsearcher.recipe.config import RecipeConfig
 from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.embedded import embedded_passages
 from memsearcher.rl.train_sft import read_trajectories

@@ -15,7 +15,8 @@ from tiny_model import save_tiny_model
 from memsearcher.cli import main
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
-from memsearcher.recipe.embedded_agent import RecipeConfig, claim_out
+from memsearcher.recipe.config import RecipeConfig
+from memsearcher.recipe.embedded_agent import claim_out
 from memsearcher.teach.config import ProtocolDataConfig
 
 ROOT = Path(__file__).parents[1]
@@ -34,7 +35,7 @@ def tiny_overrides(tmp_path: Path) -> list[str]:
         "evaluation={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, top_n: 2}",
         "build.worlds=1", "build.questions_per_world=2", "build.wiki_questions=12",
         f"sft.model.path={tiny}", "sft.steps=2", "sft.sequences_per_step=2", "sft.save_every=1",
-        "turn1_steps=1",
+        "turn1_steps=1", "turn1_lr=5e-4",
         "sft.optim.lr=1e-3", *[f"sft.model.{o}" for o in lora],
         "grpo.steps=1", "grpo.questions_per_step=1", "grpo.mini_batch_questions=1",
         "grpo.group_size=2", "grpo.agent={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, "
@@ -66,6 +67,7 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     # GRPO starts from its model
     turn1 = json.loads((run / "sft-turn1" / "config.json").read_text())
     assert turn1["model"]["path"] == str(run / "models" / "sft") and turn1["steps"] == 1
+    assert turn1["data"] == str(run / "data" / "turn1.jsonl") and turn1["optim"]["lr"] == 5e-4
     assert_turn1_data(run / "data" / "protocol.jsonl", run / "data" / "turn1.jsonl")
     for agent in ("memsearcher", "react"):
         trained = json.loads((run / f"grpo-{agent}" / "config.json").read_text())
@@ -120,6 +122,31 @@ def assert_turn1_data(protocol: Path, turn1: Path) -> None:
     assert agents == {"memsearcher", "react"}
 
 
+@pytest.mark.parametrize("turn1_steps", [0, 1])
+def test_ship_copies_the_adapters_grpo_stacks_on(tmp_path: Path, turn1_steps: int) -> None:
+    """The package gets the SFT adapter, the turn-1 one when the recipe made a second pass, and
+    MemSearcher's GRPO adapter, each with its card."""
+    from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, TURN1_ADAPTER
+    from memsearcher.recipe.adapters import ship
+
+    config = RecipeConfig(out=str(tmp_path / "run"), build=BUILD, sft=_lora(),
+                          grpo=_lora_grpo(), turn1_steps=turn1_steps)  # fmt: skip
+    files = ("adapter_config.json", "adapter_model.safetensors", "README.md")
+    for name in ("sft", "sft-turn1", "grpo-memsearcher"):
+        (tmp_path / "run" / "adapters" / name).mkdir(parents=True)
+        for file in files:
+            (tmp_path / "run" / "adapters" / name / file).write_text(f"{name}/{file}")
+    package = tmp_path / "package"
+    ship(config, package)
+    shipped = {SFT_ADAPTER.name: "sft", GRPO_ADAPTER.name: "grpo-memsearcher"}
+    if turn1_steps:
+        shipped[TURN1_ADAPTER.name] = "sft-turn1"
+    assert {p.name for p in package.iterdir()} == set(shipped)
+    for folder, name in shipped.items():
+        for file in files:
+            assert (package / folder / file).read_text() == f"{name}/{file}"
+
+
 def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     out = tmp_path / "mine"
     out.mkdir()
@@ -141,6 +168,8 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         RecipeConfig(build=BUILD, sft=_lora(), grpo=grpo)
     with pytest.raises(ValueError, match="turn1_steps must be >= 0"):
         RecipeConfig(build=BUILD, sft=_lora(), grpo=_lora_grpo(), turn1_steps=-1)
+    with pytest.raises(ValueError, match="turn1_lr must be > 0"):
+        RecipeConfig(build=BUILD, sft=_lora(), grpo=_lora_grpo(), turn1_lr=0.0)
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
     _claim(out, config)

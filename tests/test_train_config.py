@@ -64,7 +64,7 @@ def test_bad_overrides_say_what_is_valid(override: str, message: str) -> None:
 
 @pytest.mark.parametrize("preset", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.name)
 def test_presets_load(preset: Path) -> None:
-    from memsearcher.recipe.embedded_agent import RecipeConfig
+    from memsearcher.recipe.config import RecipeConfig
 
     recipes: dict[str, type] = {"embedded-agent.yaml": RecipeConfig}
     cls = recipes.get(preset.name, SFTConfig if preset.name.startswith("sft") else GRPOConfig)

