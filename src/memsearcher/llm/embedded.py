@@ -10,9 +10,10 @@ The raw model never follows the agent protocol, so the package ships LoRA adapte
 - ``embedded`` (the default agent): the raw model with the protocol adapter, SFT on an ideal
   oracle's trajectories;
 - ``embedded-sft``: the raw model with the SFT adapter of ``memsearcher recipe embedded-agent``
-  (docs/embedded-agent.md), trained on an imperfect teacher's trajectories: the start of that
-  recipe's GRPO. Once its GRPO adapter beats the default on the held-out questions, the recipe
-  ships it as ``smollm2-135m-grpo`` and ``embedded`` becomes the SFT and GRPO adapters stacked;
+  (docs/embedded-agent.md), trained on an imperfect teacher's trajectories (an adapter of an
+  earlier recipe, try 2's). Once a recipe's GRPO adapter beats the default, the recipe ships
+  it as ``smollm2-135m-grpo`` with its SFT (and turn-1, ``smollm2-135m-turn1``) adapters, and
+  ``embedded`` becomes them stacked, ``embedded-sft`` the stack without the GRPO one;
 - ``embedded-base``: the raw model.
 """
 
