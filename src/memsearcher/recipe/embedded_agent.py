@@ -233,13 +233,26 @@ def write_turn1_data(protocol: Path, target: Path) -> None:
 
 
 def _sft(sft: SFTConfig, start: Path, out: Path, card: Callable[[], str], echo: Echo) -> Path:
-    """Train (or resume) ``sft`` to its last step; merge its adapter into ``start`` as
-    ``models/<name>`` and export it as ``adapters/<name>``, ``name`` being its output
-    folder's."""
+    """`_adapter_stage` for ``train_sft``."""
     from memsearcher.rl.train_sft import train_sft
 
-    final = _train(sft, lambda resume: train_sft(sft, resume=resume, echo=echo))
-    name = Path(sft.output_dir).name
+    return _adapter_stage(
+        sft, lambda resume: train_sft(sft, resume=resume, echo=echo), start, out, card
+    )
+
+
+def _adapter_stage(
+    trainer: SFTConfig | GRPOConfig,
+    run: Callable[[bool], Any],
+    start: Path,
+    out: Path,
+    card: Callable[[], str],
+) -> Path:
+    """Train (or resume) ``trainer`` to its last step; merge its adapter into ``start`` as
+    ``models/<name>`` and export it as ``adapters/<name>``, ``name`` being its output
+    folder's; the merged model."""
+    final = _train(trainer, run)
+    name = Path(trainer.output_dir).name
     merged = out / "models" / name
     if not (merged / "config.json").is_file():
         _merge(start, final / "model", merged)
@@ -263,14 +276,13 @@ def train_grpo_stage(config: RecipeConfig, agent: str, start: Path, out: Path, e
         agent_name=agent,
         model=replace(config.grpo.model, path=str(start)),
     )
-    final = _train(grpo, lambda resume: train_grpo(grpo, resume=resume, echo=echo))
-    merged = out / "models" / f"grpo-{agent}"
-    if not (merged / "config.json").is_file():
-        _merge(start, final / "model", merged)
-    exported = out / "adapters" / f"grpo-{agent}"
-    if not (exported / "README.md").is_file():  # the card is written last
-        export_adapter(final / "model", exported, grpo_card(config, agent, out), BASE_ID)
-    return merged
+    return _adapter_stage(
+        grpo,
+        lambda resume: train_grpo(grpo, resume=resume, echo=echo),
+        start,
+        out,
+        lambda: grpo_card(config, agent, out),
+    )
 
 
 def _train(trainer: SFTConfig | GRPOConfig, run: Callable[[bool], Any]) -> Path:
