@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from tiny_model import save_tiny_model
 
 from memsearcher.cli import main
@@ -32,6 +34,7 @@ def tiny_overrides(tmp_path: Path) -> list[str]:
         f"out={tmp_path / 'run'}", "agents=[memsearcher, react]",
         "rl_one_hop=2", "test_one_hop=2", "evaluation_limit=3", "bootstrap=200",
         "rl_worlds=1", "rl_world_questions=2",
+        "select_every=1", "select_worlds=1", "select_world_questions=2", "grpo.save_every=1",
         "evaluation={max_turns: 2, memory_tokens: 16, max_new_tokens: 16, top_n: 2}",
         "build.worlds=1", "build.questions_per_world=2", "build.wiki_questions=12",
         f"sft.model.path={tiny}", "sft.steps=2", "sft.sequences_per_step=2", "sft.save_every=1",
@@ -79,8 +82,12 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
         assert (adapter / "adapter_model.safetensors").is_file(), name
         assert (adapter / "README.md").read_text().startswith("# SmolLM2-135M-Instruct")
         assert (run / "models" / name / "config.json").is_file(), name
+    # the checkpoint kept is scored on questions of a world that neither SFT nor GRPO saw
+    select = read_examples(run / "data" / "questions" / "select.jsonl")
+    assert select and {e.id.split("-")[0] for e in select} == {"world2"}
     report = (run / "report.md").read_text()
     assert "GRPO minus SFT" in report and "| grpo | memsearcher | test |" in report
+    assert "## The checkpoint kept (react)" in report
     assert (run / "reward_per_step.png").stat().st_size > 0
 
     # a rerun of the same config finds every stage done: nothing is trained again
@@ -98,6 +105,22 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
             assert (aside / kind / f"grpo-{agent}").is_dir(), (kind, agent)
             assert (run / kind / f"grpo-{agent}").is_dir(), (kind, agent)
     assert (run / "eval" / "grpo-react" / "summary.json").is_file()
+    # each checkpoint is scored on the selection questions, and the best one (the earliest
+    # on a tie) is the one merged, exported and evaluated
+    for agent in ("memsearcher", "react"):
+        selection = json.loads((run / f"grpo-{agent}" / "selection.json").read_text())
+        assert selection["questions"] == len(select) and set(selection["em"]) == {"1", "2"}
+        best = max(selection["em"].values())
+        assert selection["chosen"] == min(int(s) for s, em in selection["em"].items() if em == best)
+        kept = run / f"grpo-{agent}" / f"step-{selection['chosen']}" / "model"
+        merged = json.loads(
+            (run / "models" / f"grpo-{agent}" / "memsearcher_adapter.json").read_text()
+        )
+        assert [m["adapter"] for m in merged] == [str(kept)]
+        exported = load_file(run / "adapters" / f"grpo-{agent}" / "adapter_model.safetensors")
+        trained = load_file(kept / "adapter_model.safetensors")
+        assert all(torch.equal(exported[k], trained[k].half()) for k in trained)
+        assert not (run / "select" / f"{agent}-step2-model").exists()  # merged, then removed
 
     # the same folder with another config is refused, naming what changed
     assert main([*args, *overrides, "grpo.steps=2", "sft.steps=3"]) == 2
@@ -170,6 +193,13 @@ def test_the_recipe_needs_steps_and_lets_only_output_keys_change(tmp_path: Path)
         RecipeConfig(build=BUILD, sft=_lora(), grpo=_lora_grpo(), turn1_steps=-1)
     with pytest.raises(ValueError, match="turn1_lr must be > 0"):
         RecipeConfig(build=BUILD, sft=_lora(), grpo=_lora_grpo(), turn1_lr=0.0)
+    # the selection scores saved checkpoints: every select_every-th step must have one
+    every_two = replace(_lora_grpo(), save_every=2)
+    with pytest.raises(
+        ValueError, match=r"select_every must be a multiple of grpo.save_every \(2\)"
+    ):
+        RecipeConfig(build=BUILD, sft=_lora(), grpo=every_two, select_every=3)
+    RecipeConfig(build=BUILD, sft=_lora(), grpo=every_two, select_every=4)
     out = tmp_path / "run"
     config = RecipeConfig(out=str(out), build=BUILD, sft=_lora(), grpo=_lora_grpo())
     _claim(out, config)

@@ -91,6 +91,14 @@ def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
     rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
     rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
     start = "the SFT and turn-1 adapters" if config.turn1_steps else "the SFT adapter"
+    kept = f"the adapter of step {grpo.steps}, the last"
+    selection = out / f"grpo-{agent}" / "selection.json"
+    if selection.is_file():
+        chosen = json.loads(selection.read_text("utf-8"))
+        scores = ", ".join(f"{step}: {em:.3f}" for step, em in chosen["em"].items())
+        kept = (f"the adapter of step {chosen['chosen']}, the best by greedy EM on\n"
+                f"  {chosen['questions']} selection questions of synthetic worlds that\n"
+                f"  neither SFT nor GRPO saw (step: EM {scores})")  # fmt: skip
     return f"""\
 # SmolLM2-135M-Instruct, GRPO adapter for {agent} (memsearcher)
 
@@ -107,7 +115,7 @@ one (`memsearcher.llm.embedded.embedded_agent_path` does).
   lr {grpo.optim.lr:g}.
 - {grpo.steps} steps on the rl split of the embedded Wikipedia's questions, on {machine()}.
   Mean reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}
-  (docs/embedded-agent.md has the curve and the evaluation).
+  (docs/embedded-agent.md has the curve and the evaluation). This is {kept}.
 
 {LICENSE}
 """

@@ -51,6 +51,22 @@ class RecipeConfig:
     33 (docs/embedded-agent.md). 0: none."""
     rl_world_questions: int = 4
     """Multi-hop questions drawn from each of the ``rl_worlds``."""
+    select_every: int = 0
+    """Score every this-many-th GRPO checkpoint, and the last, greedily on the selection
+    questions, and make the best one (the earliest on a tie) GRPO's model: merged, exported,
+    evaluated and shipped. The step to stop at is so chosen without the held-out or test
+    questions; past it, GRPO learns the chains of the questions it trained on rather than the
+    skill (try 9 of docs/embedded-agent.md). A multiple of ``grpo.save_every``. 0: the last
+    step."""
+    select_worlds: int = 20
+    """Synthetic worlds, after the SFT data's and GRPO's (so neither ever saw them), whose
+    multi-hop rl questions, ``select_world_questions`` each, are drawn; the two-hop ones the
+    ideal teacher answers are the selection questions (``data/questions/select.jsonl``,
+    searched in ``data/select-index``: the embedded Wikipedia's passages and these worlds').
+    Three-hop ones are left out: at 4 turns the 135M model answers none of them, so they
+    would only cost time."""
+    select_world_questions: int = 5
+    """Multi-hop questions drawn from each of the ``select_worlds``."""
     evaluation: AgentConfig = field(
         default_factory=lambda: AgentConfig(
             max_turns=4, memory_tokens=128, max_new_tokens=64, top_n=3
@@ -75,6 +91,11 @@ class RecipeConfig:
         require(self, "test_one_hop", self.test_one_hop >= 0, ">= 0")
         require(self, "rl_worlds", self.rl_worlds >= 0, ">= 0 (0: none)")
         positive(self, "rl_world_questions")
+        require(self, "select_every", self.select_every >= 0, ">= 0 (0: the last step)")
+        require(self, "select_every", self.select_every % self.grpo.save_every == 0,
+                f"a multiple of grpo.save_every ({self.grpo.save_every}), whose checkpoints "
+                "it scores")  # fmt: skip
+        positive(self, "select_worlds", "select_world_questions")
         require(self, "evaluation_limit", self.evaluation_limit >= 0, ">= 0 (0: all)")
         positive(self, "bootstrap")
         for trainer in (self.sft, self.grpo):

@@ -15,7 +15,12 @@ run again, so an interrupted build loses at most one checkpoint interval::
                                models/sft) on turn 1 of every Wikipedia trajectory: then this
                                merged model is GRPO's start, and the SFT model evaluated
     OUT/grpo-<agent>/          train_grpo checkpoints: a LoRA adapter over GRPO's start
-    OUT/models/grpo-<agent>/   GRPO's start with that GRPO adapter merged in
+    OUT/data/questions/select.jsonl, OUT/select/<agent>-step<N>/, OUT/grpo-<agent>/selection.json
+                               with ``select_every`` > 0, questions of synthetic worlds that
+                               neither SFT nor GRPO saw, every select_every-th checkpoint's
+                               greedy predictions on them, and their EM: the best checkpoint
+                               is the one kept below (else the last)
+    OUT/models/grpo-<agent>/   GRPO's start with the kept GRPO adapter merged in
     OUT/adapters/              the adapters as the package ships them (float16, model cards)
     OUT/eval/<model>-<agent>/  predictions on the held-out and the test questions
     OUT/timings.json, OUT/results.json, OUT/report.md, OUT/reward_per_step.png
@@ -35,6 +40,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,28 +153,44 @@ def build_data(config: RecipeConfig, folder: Path, echo: Echo) -> dict[str, list
             chosen = _two_hop_first(splits[name], one_hop)
             kept = answerable(chosen, tokenizer, retriever, teacher)
             write_examples(files[name], [q.to_example() for q in kept], overwrite=True)
+    worlds = config.build.worlds  # the first world after the SFT data's
     if config.rl_worlds and not (folder / "questions" / "grpo.jsonl").is_file():
-        _add_world_questions(config, folder, tokenizer)
+        # GRPO's questions: the Wikipedia rl split's and the rl_worlds' multi-hop ones
+        rl = read_examples(files["rl"])
+        rl += _world_questions(config, folder / "rl", worlds, config.rl_worlds,
+                               config.rl_world_questions, tokenizer)  # fmt: skip
+        write_examples(folder / "questions" / "grpo.jsonl", rl, overwrite=True)
+    if config.select_every and not (folder / "questions" / "select.jsonl").is_file():
+        selection = _world_questions(config, folder / "select", worlds + config.rl_worlds,
+                                     config.select_worlds, config.select_world_questions,
+                                     tokenizer)  # fmt: skip
+        two_hop = [e for e in selection if len(e.metadata["hops"]) == 2]
+        if not two_hop:
+            raise MemSearcherError(
+                f"no two-hop selection question the teacher answers among {len(selection)} "
+                "of the select_worlds: raise select_worlds or select_world_questions"
+            )
+        write_examples(folder / "questions" / "select.jsonl", two_hop, overwrite=True)
     return {name: read_examples(path) for name, path in files.items()}
 
 
-def _add_world_questions(config: RecipeConfig, folder: Path, tokenizer: Tokenizer) -> None:
-    """GRPO's questions (``questions/grpo.jsonl``): the Wikipedia rl split's and the
-    ``rl_worlds``' multi-hop ones that the ideal teacher answers through GRPO's index
-    (``rl-index``: the embedded Wikipedia's passages and the worlds')."""
+def _world_questions(
+    config: RecipeConfig, stem: Path, first: int, worlds: int, per_world: int, tokenizer: Tokenizer
+) -> list[QAExample]:
+    """The multi-hop rl questions, ``per_world`` each, of the ``worlds`` synthetic worlds from
+    number ``first`` on, that the ideal teacher answers through the index ``<stem>-index``
+    (the embedded Wikipedia's passages and these worlds', ``<stem>-corpus.jsonl``)."""
     from memsearcher.retrieval.bm25 import build_bm25
     from memsearcher.retrieval.corpus import write_corpus
     from memsearcher.retrieval.embedded import embedded_passages
 
-    passages, examples = world_rl_questions(config.build, config.rl_worlds,
-                                            config.rl_world_questions)  # fmt: skip
-    write_corpus(folder / "rl-corpus.jsonl", embedded_passages() + passages)
-    index = build_bm25(folder / "rl-corpus.jsonl", folder / "rl-index", overwrite=True)
+    passages, examples = world_rl_questions(replace(config.build, worlds=first), worlds, per_world)
+    corpus = stem.with_name(f"{stem.name}-corpus.jsonl")
+    write_corpus(corpus, embedded_passages() + passages)
+    index = build_bm25(corpus, stem.with_name(f"{stem.name}-index"), overwrite=True)
     teacher = replace(config.build.agent, top_n=config.evaluation.top_n)
     right = answered_right(examples, oracle_policy(examples), tokenizer, index, teacher)
-    kept = [example for example, ok in zip(examples, right, strict=True) if ok]
-    rl = read_examples(folder / "questions" / "rl.jsonl")
-    write_examples(folder / "questions" / "grpo.jsonl", rl + kept, overwrite=True)
+    return [example for example, ok in zip(examples, right, strict=True) if ok]
 
 
 def _two_hop_first(questions: list[WikiQuestion], one_hop: int) -> list[WikiQuestion]:
@@ -247,11 +269,14 @@ def _adapter_stage(
     start: Path,
     out: Path,
     card: Callable[[], str],
+    choose: Callable[[], Path] | None = None,
 ) -> Path:
-    """Train (or resume) ``trainer`` to its last step; merge its adapter into ``start`` as
-    ``models/<name>`` and export it as ``adapters/<name>``, ``name`` being its output
-    folder's; the merged model."""
+    """Train (or resume) ``trainer`` to its last step; merge the adapter of that checkpoint,
+    or of the one ``choose`` returns, into ``start`` as ``models/<name>`` and export it as
+    ``adapters/<name>``, ``name`` being its output folder's; the merged model."""
     final = _train(trainer, run)
+    if choose is not None:
+        final = choose()
     name = Path(trainer.output_dir).name
     merged = out / "models" / name
     if not (merged / "config.json").is_file():
@@ -282,7 +307,47 @@ def train_grpo_stage(config: RecipeConfig, agent: str, start: Path, out: Path, e
         start,
         out,
         lambda: grpo_card(config, agent, out),
+        partial(select_checkpoint, config, agent, start, out, echo)
+        if config.select_every
+        else None,
     )
+
+
+def select_checkpoint(config: RecipeConfig, agent: str, start: Path, out: Path, echo: Echo) -> Path:
+    """Score every ``select_every``-th checkpoint of ``agent``'s GRPO run, and its last,
+    greedily as ``agent`` on the selection questions (``select/<agent>-step<N>/``, resumable);
+    record the scores in ``grpo-<agent>/selection.json``; the best checkpoint, the earliest
+    on a tie."""
+    from memsearcher.llm.hf import HFModel
+    from memsearcher.retrieval import open_retriever
+
+    run = out / f"grpo-{agent}"
+    questions = {"select": read_examples(out / "data" / "questions" / "select.jsonl")}
+    retriever = open_retriever(str(out / "data" / "select-index"))
+    evaluation = EvalConfig(agent=agent, agent_config=config.evaluation, batch_size=64)
+    last = config.grpo.steps
+    scores: dict[int, float] = {}
+    for step in sorted({*range(config.select_every, last, config.select_every), last}):
+        folder = out / "select" / f"{agent}-step{step}"
+        summary_file = folder / "summary.json"
+        if not summary_file.is_file():
+            model = out / "select" / f"{agent}-step{step}-model"  # ours, removed after use
+            if not (model / "config.json").is_file():
+                _merge(start, run / f"step-{step}" / "model", model)
+            llm = HFModel.from_pretrained(
+                str(model), device=config.grpo.model.device, batch_size=64
+            )
+            run_eval(questions, llm, retriever, evaluation, folder,
+                     info={"model": f"grpo-{agent}", "step": step}, progress=False)  # fmt: skip
+            shutil.rmtree(model)
+        summary = json.loads(summary_file.read_text("utf-8"))
+        scores[step] = summary["datasets"]["select"]["em"]
+        echo(f"[recipe] selection: {agent} step {step} EM {scores[step]:.3f}")
+    best = max(scores, key=lambda step: (scores[step], -step))
+    record = {"questions": len(questions["select"]), "em": scores, "chosen": best}
+    (run / "selection.json").write_text(json.dumps(record, indent=2) + "\n", "utf-8")
+    echo(f"[recipe] selection: {agent} keeps step {best} of {last}")
+    return run / f"step-{best}"
 
 
 def _train(trainer: SFTConfig | GRPOConfig, run: Callable[[bool], Any]) -> Path:

@@ -189,6 +189,9 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         blocks = rollouts(out / f"grpo-{agent}")
         if blocks:
             parts += [f"## GRPO's rollouts ({agent}), by ten steps\n", format_rollouts(blocks)]
+        selection = out / f"grpo-{agent}" / "selection.json"
+        if selection.is_file():
+            parts += [f"## The checkpoint kept ({agent})\n", format_selection(selection)]
     plot = _reward_plot(out, agents)
     if plot is not None:
         parts.append(f"![reward per step]({plot.name})\n")
@@ -259,6 +262,18 @@ def format_rollouts(blocks: Sequence[dict[str, Any]]) -> str:
             f"| {b['format_failures']:.1%} | {b['searches_per_question']:.2f} | {hops} "
             f"| {early} | {first} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def format_selection(selection: Path) -> str:
+    """The greedy EM of each scored checkpoint on the selection questions, the kept one bold."""
+    record = json.loads(selection.read_text("utf-8"))
+    lines = [f"Greedy EM on {record['questions']} selection questions (synthetic worlds that "
+             "neither SFT nor GRPO saw); the best step is kept.\n",
+             "| step | EM |", "| --- | --- |"]  # fmt: skip
+    for step, em in record["em"].items():
+        mark = "**" if int(step) == record["chosen"] else ""
+        lines.append(f"| {mark}{step}{mark} | {mark}{em:.3f}{mark} |")
     return "\n".join(lines) + "\n"
 
 
