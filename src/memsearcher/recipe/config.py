@@ -55,16 +55,16 @@ class RecipeConfig:
     """Score every this-many-th GRPO checkpoint, and the last, greedily on the selection
     questions, and make the best one (the earliest on a tie) GRPO's model: merged, exported,
     evaluated and shipped. The step to stop at is so chosen without the held-out or test
-    questions; past it, GRPO learns the chains of the questions it trained on rather than the
-    skill (try 9 of docs/embedded-agent.md). A multiple of ``grpo.save_every``. 0: the last
+    questions; past it, GRPO gains on the questions it trained on while unseen ones fall
+    back (try 9 of docs/embedded-agent.md). A multiple of ``grpo.save_every``. 0: the last
     step."""
     select_worlds: int = 20
     """Synthetic worlds, after the SFT data's and GRPO's (so neither ever saw them), whose
     multi-hop rl questions, ``select_world_questions`` each, are drawn; the two-hop ones the
     ideal teacher answers are the selection questions (``data/questions/select.jsonl``,
     searched in ``data/select-index``: the embedded Wikipedia's passages and these worlds').
-    Three-hop ones are left out: at 4 turns the 135M model answers none of them, so they
-    would only cost time."""
+    Three-hop ones are left out: at 4 turns none of try 9's checkpoints answered one (they
+    spend the last turn on another search), so they would only cost time."""
     select_world_questions: int = 5
     """Multi-hop questions drawn from each of the ``select_worlds``."""
     evaluation: AgentConfig = field(
