@@ -160,14 +160,29 @@ def test_ship_copies_the_adapters_grpo_stacks_on(tmp_path: Path, turn1_steps: in
         for file in files:
             (tmp_path / "run" / "adapters" / name / file).write_text(f"{name}/{file}")
     package = tmp_path / "package"
-    ship(config, package)
+    flaws = {"stated": {"category_query": 0.25, "early_answer": 0.1},
+             "measured": {"category_query": 0.263, "trajectories": 570, "early_answer": 0.107,
+                          "two_hop_trajectories": 220}}  # fmt: skip
+    data = {"trajectories": 1050, "synthetic_trajectories": 480, "wiki_trajectories": 570}
+    gain = {"gain": 0.137, "low": 0.072, "high": 0.201, "questions": 139}
+    results = {"data": {**data, "flaws": flaws},
+               "analysis": {"runs": {}, "gains": {"memsearcher": {"pooled": gain}}}}  # fmt: skip
+    ship(config, package, results)
     shipped = {SFT_ADAPTER.name: "sft", GRPO_ADAPTER.name: "grpo-memsearcher"}
     if turn1_steps:
         shipped[TURN1_ADAPTER.name] = "sft-turn1"
     assert {p.name for p in package.iterdir()} == set(shipped)
     for folder, name in shipped.items():
         for file in files:
-            assert (package / folder / file).read_text() == f"{name}/{file}"
+            text = (package / folder / file).read_text()
+            if folder == GRPO_ADAPTER.name and file == "README.md":
+                # the GRPO card carries the run's results: flaw rates, the gain's interval
+                card, results_part = text.split("\n", 1)
+                assert card == f"{name}/{file}" and "## Results" in results_part
+                assert "early answer after the first hop of a two-hop question 0.1 / 0.107" in text
+                assert "| memsearcher | pooled | 139 | +0.137 | [+0.072, +0.201] |" in text
+            else:
+                assert text == f"{name}/{file}"
 
 
 def test_the_recipe_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:

@@ -7,21 +7,24 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, TURN1_ADAPTER
 from memsearcher.recipe.config import RecipeConfig
+from memsearcher.recipe.report import format_gains, format_table, format_teacher
 from memsearcher.rl.export import machine
 
-__all__ = ["BASE_ID", "grpo_card", "ship", "sft_card", "turn1_card"]
+__all__ = ["BASE_ID", "grpo_card", "results_section", "ship", "sft_card", "turn1_card"]
 
 BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The base model's hub id, written into the exported adapters' configs."""
 LICENSE = "License: the base model's (Apache-2.0); the data include CC BY-SA Wikipedia text."
 
 
-def ship(config: RecipeConfig, folder: Path) -> None:
+def ship(config: RecipeConfig, folder: Path, results: dict[str, Any]) -> None:
     """Copy the SFT adapter, the turn-1 one (with ``turn1_steps``) and MemSearcher's GRPO
-    adapter from ``config.out`` into the package's ``folder``."""
+    adapter from ``config.out`` into the package's ``folder``; the GRPO adapter's card gets the
+    run's ``results`` (`run_recipe`'s) as its results section."""
     adapters = Path(config.out) / "adapters"
     pairs = [(adapters / "sft", folder / SFT_ADAPTER.name),
              (adapters / "grpo-memsearcher", folder / GRPO_ADAPTER.name)]  # fmt: skip
@@ -31,6 +34,25 @@ def ship(config: RecipeConfig, folder: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
             shutil.copyfile(source / name, target / name)
+    card = folder / GRPO_ADAPTER.name / "README.md"
+    card.write_text(card.read_text("utf-8") + results_section(results), "utf-8")
+
+
+def results_section(results: dict[str, Any]) -> str:
+    """The model card's results: the teacher's flaw rates, greedy EM and behaviour by model,
+    agent, questions and hops, and GRPO's gain over SFT with its interval."""
+    analysis = results["analysis"]
+    return f"""
+## Results (`memsearcher recipe embedded-agent`, greedy; docs/embedded-agent.md)
+
+The teacher: {format_teacher(results["data"])}
+Held-out: the 58 handwritten questions of benchmarks/data/embedded-wiki-questions.jsonl; test:
+the test split of the Wikipedia questions (one-hop and two-hop). `sft` is GRPO's start.
+
+{format_table(analysis["runs"])}
+GRPO minus SFT, paired bootstrap 95% interval over the questions:
+
+{format_gains(analysis["gains"])}"""
 
 
 def sft_card(config: RecipeConfig, out: Path) -> str:
@@ -91,6 +113,9 @@ def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
     rows = [json.loads(line) for line in (out / f"grpo-{agent}" / "metrics.jsonl").open()]
     rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
     start = "the SFT and turn-1 adapters" if config.turn1_steps else "the SFT adapter"
+    questions = "the rl split of the embedded Wikipedia's questions"
+    if config.rl_worlds:
+        questions += f" and multi-hop questions of {config.rl_worlds} synthetic worlds"
     kept = f"the adapter of step {grpo.steps}, the last"
     selection = out / f"grpo-{agent}" / "selection.json"
     if selection.is_file():
@@ -113,7 +138,7 @@ one (`memsearcher.llm.embedded.embedded_agent_path` does).
 - Update: one per step, KL to the SFT model beta {grpo.beta:g}, clip {grpo.clip_low:g},
   degenerate groups filtered: {grpo.filter_degenerate}; LoRA rank {grpo.model.lora_rank},
   lr {grpo.optim.lr:g}.
-- {grpo.steps} steps on the rl split of the embedded Wikipedia's questions, on {machine()}.
+- {grpo.steps} steps on {questions}, on {machine()}.
   Mean reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}
   (docs/embedded-agent.md has the curve and the evaluation). This is {kept}.
 

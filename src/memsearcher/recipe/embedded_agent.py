@@ -125,7 +125,7 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     if config.ship:
-        ship(config, Path(config.ship))
+        ship(config, Path(config.ship), results)
         echo(f"[recipe] adapters written into {config.ship}")
     return results
 
