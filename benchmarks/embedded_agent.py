@@ -1,13 +1,15 @@
-"""The embedded agent on held-out Wikipedia questions: protocol adapter against the raw model.
+"""The embedded agent on held-out Wikipedia questions: the packaged models side by side.
 
 MemSearcher and ReAct answer the held-out questions of benchmarks/data/embedded-wiki-questions.jsonl
 (written by hand about entities of the embedded Wikipedia, answers copyable from the passages,
-never trained on: tests/test_embedded_agent.py checks) with ``embedded`` (SmolLM2-135M plus the
-packaged protocol adapter, merged) and ``embedded-base`` (the raw model), greedy, on the embedded
-BM25 index. It prints EM, F1, the format-failure rate, searches per question, the share of
-questions with at least one search and the mean context per turn, and writes the same as JSON.
+never trained on: tests/test_embedded_agent.py checks) with ``embedded`` (SmolLM2-135M with the
+recipe's SFT, turn-1 and GRPO adapters merged: the default), ``embedded-protocol`` (the protocol
+adapter, the default until 2026-12-07) and ``embedded-base`` (the raw model), greedy, on the
+embedded BM25 index. It prints EM, F1, the format-failure rate, searches per question, the
+share of questions with at least one search, the mean context per turn and the seconds of each
+run, and writes the same as JSON.
 
-    python benchmarks/embedded_agent.py [--questions 58] [--out runs/bench-embedded-agent]
+    python benchmarks/embedded_agent.py [--questions 58] [--models embedded embedded-protocol]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from memsearcher.llm import load_llm
 from memsearcher.retrieval import open_retriever
 
 HELDOUT = Path(__file__).parent / "data" / "embedded-wiki-questions.jsonl"
-MODELS = ("embedded", "embedded-base")
+MODELS = ("embedded", "embedded-protocol", "embedded-base")
 AGENTS = ("memsearcher", "react")
 
 

@@ -71,8 +71,8 @@ def load_llm(
     backend: str = "hf",
     **options: Any,
 ) -> LLM:
-    """Open a model: ``embedded`` (the packaged SmolLM2 with its protocol adapter),
-    ``embedded-base`` (the raw SmolLM2), an HF folder, or a hub id.
+    """Open a model: a packaged SmolLM2 (``embedded``, the default agent, and the other
+    names of `memsearcher.llm.embedded.MODELS`), an HF folder, or a hub id.
 
     ``backend`` is a key of `BACKENDS`: ``hf`` (transformers, in process), ``openai`` (an
     OpenAI-compatible server at ``base_url``; ``spec`` or ``tokenizer`` names the local

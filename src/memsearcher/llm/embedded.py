@@ -7,13 +7,13 @@ same code paths serve any HF model.
 The raw model never follows the agent protocol, so the package ships LoRA adapters for it
 (``llm/adapters/``). Each name of `STACKS` is merged once into its own cached HF folder:
 
-- ``embedded`` (the default agent): the raw model with the protocol adapter, SFT on an ideal
-  oracle's trajectories;
-- ``embedded-sft``: the raw model with the SFT adapter of ``memsearcher recipe embedded-agent``
-  (docs/embedded-agent.md), trained on an imperfect teacher's trajectories (an adapter of an
-  earlier recipe, try 2's). Once a recipe's GRPO adapter beats the default, the recipe ships
-  it as ``smollm2-135m-grpo`` with its SFT (and turn-1, ``smollm2-135m-turn1``) adapters, and
-  ``embedded`` becomes them stacked, ``embedded-sft`` the stack without the GRPO one;
+- ``embedded`` (the default agent): the raw model with the three adapters of ``memsearcher
+  recipe embedded-agent`` stacked (docs/embedded-agent.md): SFT on an imperfect teacher's
+  trajectories, a second SFT pass on turn 1 (the search after the first), then multi-context
+  GRPO (the checkpoint its selection keeps);
+- ``embedded-sft``: the same stack without the GRPO adapter, GRPO's start, to compare with;
+- ``embedded-protocol``: the raw model with the protocol adapter, SFT on an ideal oracle's
+  one-search trajectories (the default until 2026-12-07);
 - ``embedded-base``: the raw model.
 """
 
@@ -97,10 +97,11 @@ def embedded_agent_path(adapters: Sequence[Path]) -> Path:
 
 
 STACKS: dict[str, tuple[Path, ...]] = {
-    # the default stays the protocol adapter until the recipe's GRPO adapter beats it on the
-    # held-out questions (docs/embedded-agent.md: the recipe's SFT adapter scored lower there)
-    "embedded": (PROTOCOL_ADAPTER,),
-    "embedded-sft": (SFT_ADAPTER,),
+    # GRPO's adapter is the default since 2026-12-07: level with the protocol adapter on EM,
+    # ahead on two-hop questions, and never trained on a test question (docs/embedded-agent.md)
+    "embedded": (SFT_ADAPTER, TURN1_ADAPTER, GRPO_ADAPTER),
+    "embedded-sft": (SFT_ADAPTER, TURN1_ADAPTER),
+    "embedded-protocol": (PROTOCOL_ADAPTER,),
 }
 """The packaged agents by model name: the adapters merged over the raw model, in order."""
 

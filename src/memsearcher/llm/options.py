@@ -16,8 +16,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default="embedded",
-        help="'embedded' (SmolLM2-135M with its protocol adapter), 'embedded-base' (the raw "
-        "model), an HF folder or hub id; with --backend openai it gives the tokenizer",
+        help="'embedded' (SmolLM2-135M with its SFT and GRPO adapters), 'embedded-sft' (without "
+        "GRPO's), 'embedded-protocol' (the earlier default), 'embedded-base' (the raw model), "
+        "an HF folder or hub id; with --backend openai it gives the tokenizer",
     )
     group.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="default: hf")
     group.add_argument(

@@ -54,8 +54,9 @@ class ModelConfig:
     """Which model to train and how it sits in memory."""
 
     path: str = "embedded"
-    """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct with its
-    protocol adapter merged in, "embedded-base" the raw model."""
+    """An HF folder or hub id; "embedded" is the packaged SmolLM2-135M-Instruct with its SFT and
+    GRPO adapters merged in (the other packaged names: `memsearcher.llm.embedded.MODELS`),
+    "embedded-base" the raw model."""
     dtype: str = "float32"
     """Parameter dtype (the optimizer's master weights): float32, or bfloat16 / float16 for
     frozen weights under LoRA; bfloat16 trainable weights need lr >= 1e-4 (docs/training.md)."""
