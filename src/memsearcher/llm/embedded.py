@@ -97,8 +97,9 @@ def embedded_agent_path(adapters: Sequence[Path]) -> Path:
 
 
 STACKS: dict[str, tuple[Path, ...]] = {
-    # GRPO's adapter is the default since 2026-12-07: level with the protocol adapter on EM,
-    # ahead on two-hop questions, and never trained on a test question (docs/embedded-agent.md)
+    # GRPO's adapter is the default since 2026-12-07: level with the protocol adapter on EM (ahead
+    # on two-hop questions by point estimate only), never trained on a test question, no format
+    # failures (docs/embedded-agent.md, "The shipped default")
     "embedded": (SFT_ADAPTER, TURN1_ADAPTER, GRPO_ADAPTER),
     "embedded-sft": (SFT_ADAPTER, TURN1_ADAPTER),
     "embedded-protocol": (PROTOCOL_ADAPTER,),

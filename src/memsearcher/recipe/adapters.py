@@ -121,9 +121,9 @@ def grpo_card(config: RecipeConfig, agent: str, out: Path) -> str:
     if selection.is_file():
         chosen = json.loads(selection.read_text("utf-8"))
         scores = ", ".join(f"{step}: {em:.3f}" for step, em in chosen["em"].items())
-        kept = (f"the adapter of step {chosen['chosen']}, the best by greedy EM on\n"
-                f"  {chosen['questions']} selection questions of synthetic worlds that\n"
-                f"  neither SFT nor GRPO saw (step: EM {scores})")  # fmt: skip
+        kept = (f"the adapter of step {chosen['chosen']}, the best (the earliest on a tie) by\n"
+                f"  greedy EM on {chosen['questions']} selection questions of synthetic worlds\n"
+                f"  that neither SFT nor GRPO saw (step: EM {scores})")  # fmt: skip
     return f"""\
 # SmolLM2-135M-Instruct, GRPO adapter for {agent} (memsearcher)
 
