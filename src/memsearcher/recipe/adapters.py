@@ -39,8 +39,9 @@ def ship(config: RecipeConfig, folder: Path, results: dict[str, Any]) -> None:
 
 
 def results_section(results: dict[str, Any]) -> str:
-    """The model card's results: the teacher's flaw rates, greedy EM and behaviour by model,
-    agent, questions and hops, and GRPO's gain over SFT with its interval."""
+    """The model card's results: the teacher's flaw rates, the report's table (greedy EM, F1,
+    format failures, searches and prompt tokens by model, agent, questions and hops), and GRPO's
+    gain over SFT with its interval."""
     analysis = results["analysis"]
     return f"""
 ## Results (`memsearcher recipe embedded-agent`, greedy; docs/embedded-agent.md)
