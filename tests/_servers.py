@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -47,6 +49,20 @@ def running(
             process.kill()
             process.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def shop_server(seed: int, families: int, split: str, log_path: Path) -> Iterator[str]:
+    """Our shop over WebShop's HTTP protocol (``shop_server``): the instructions of ``split``
+    of the shop of ``seed``, ``families`` per category, as sessions ``fixed_<i>``; yields its
+    URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "memsearcher.agent.environments.shop_server"]
+    command += ["--seed", str(seed), "--families-per-category", str(families)]
+    command += ["--split", split, "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with running(command, f"{url}/fixed_0", log_path, dict(os.environ), 120):
+        yield url
 
 
 def connect(url: str) -> socket.socket:

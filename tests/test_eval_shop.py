@@ -6,20 +6,27 @@ shop with a scripted model playing the oracle for some instructions and buying h
 the others (the agents' protocol on the real tokenizer: `ScriptedLLM`, since no small model
 here shops); and the real CLI on the tiny real Llama of `tiny_model.py`, which never writes an
 action (reward 0), then resumes from its folder.
+
+``eval --env webshop``: the same shop served over WebShop's HTTP protocol by the real server
+(``shop_server``, a subprocess on 127.0.0.1), the scripted run giving the same records as
+locally, and the CLI on the tiny Llama.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _servers import free_port, shop_server
 from tiny_model import save_tiny_model
 from transformers import AutoTokenizer
 
 from memsearcher.agent import AgentConfig
+from memsearcher.agent.environments import ShopAction
 from memsearcher.agent.environments.shop import (
     SEP,
     ShopEnv,
@@ -28,8 +35,10 @@ from memsearcher.agent.environments.shop import (
     instruction_example,
     solve,
 )
-from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+from memsearcher.agent.environments.shop_world import Catalogue, ShopConfig, generate_catalogue
+from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
 from memsearcher.cli import main
+from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import read_predictions
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
 from memsearcher.llm.base import SamplingParams
@@ -59,14 +68,21 @@ def test_shop_summary_by_hand() -> None:
     assert shop_summary(records[2:])["peak_prompt_tokens_long"] is None
 
 
-def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) -> None:
-    catalogue = generate_catalogue(ShopConfig(seed=0, families_per_category=1))
+SHOP = ShopConfig(seed=0, families_per_category=1)
+"""The shop of the scripted runs, locally and served over HTTP."""
+
+Reply = Callable[[str, SamplingParams], str]
+
+
+def shopper(catalogue: Catalogue) -> tuple[dict[str, list[str]], Reply]:
+    """Each test instruction's plan, and a MemSearcher reply function that plays it: the
+    oracle's actions on the even instructions, on the odd ones the same without choosing the
+    options (a partial reward); its memory counts the steps done."""
     search = ShopSearch(catalogue.products)
-    test = catalogue.split("test")
     plans = {}
-    for i, instruction in enumerate(test):
+    for i, instruction in enumerate(catalogue.split("test")):
         plan = solve(ShopEnv(catalogue, search, instruction))
-        if i % 2:  # buy without choosing the options: a partial reward
+        if i % 2:
             options = {f"click[{v}]" for v in instruction.goal.options.values()}
             plan = [a for a in plan if a not in options]
         plans[instruction.text] = plan
@@ -80,10 +96,17 @@ def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) 
         plan = plans[instruction_text.findall(prompt)[0]]
         return f"<think> step {done} </think>\n<action> {plan[done]} </action>"
 
+    return plans, reply
+
+
+def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) -> None:
+    catalogue = generate_catalogue(SHOP)
+    test = catalogue.split("test")
+    plans, reply = shopper(catalogue)
     model = ScriptedLLM(llm.tokenizer, reply)
     config = EvalConfig(agent_config=AgentConfig(max_turns=15), environment="shop")
     examples = [instruction_example(i) for i in test]
-    environment = ShopEnvironment(catalogue, search)
+    environment = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
     out = tmp_path / "run"
     summary = run_eval({"shop-test": examples}, model, environment, config, out, progress=False)
     records = read_predictions(out / "shop-test" / "predictions.jsonl")
@@ -137,3 +160,91 @@ def test_eval_on_the_shop_refuses_what_it_cannot_use(capsys: pytest.CaptureFixtu
         EvalConfig(environment="web")
     assert main(["eval", "--env", "shop"]) == 2
     assert "needs --out" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def webshop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`SHOP`'s test instructions served over WebShop's HTTP protocol, as fixed_0, fixed_1..."""
+    log = tmp_path_factory.mktemp("log") / "shop.log"
+    with shop_server(SHOP.seed, SHOP.families_per_category, "test", log) as url:
+        yield url
+
+
+def test_eval_over_http_gives_the_local_shops_records(
+    llm: HFModel, webshop: str, tmp_path: Path
+) -> None:
+    """The scripted shopper on the test instructions, in the local shop and in the same shop
+    served over HTTP: each episode takes the same steps, sees the same contexts and earns the
+    same reward. The server does not show the target, so over HTTP EM is 0."""
+    catalogue = generate_catalogue(SHOP)
+    test = catalogue.split("test")
+    _, reply = shopper(catalogue)
+    model = ScriptedLLM(llm.tokenizer, reply)
+    config = EvalConfig(agent_config=AgentConfig(max_turns=15), environment="shop")
+    local = [instruction_example(i) for i in test]
+    shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+    run_eval({"shop": local}, model, shop, config, tmp_path / "local", progress=False)
+    with WebShopEnvironment(webshop) as environment:
+        remote = environment.examples(session_range(f"0:{len(test)}"))
+        assert [e.question for e in remote] == [i.text for i in test]
+        config = EvalConfig(agent_config=AgentConfig(max_turns=15), environment="webshop")
+        summary = run_eval(
+            {"webshop": remote}, model, environment, config, tmp_path / "http", progress=False
+        )
+        assert environment.sessions == {}  # every episode's env dropped at its end
+    mine = read_predictions(tmp_path / "local" / "shop" / "predictions.jsonl")
+    theirs = read_predictions(tmp_path / "http" / "webshop" / "predictions.jsonl")
+    same = ("reward", "turns", "end_reason", "prompt_tokens", "prediction")
+    for a, b in zip(mine, theirs, strict=True):
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}
+        assert (a["em"], b["em"]) == (1.0, 0.0) and b["id"].startswith("fixed_")
+        sequences = zip(a["trajectory"]["sequences"], b["trajectory"]["sequences"], strict=True)
+        assert all(x["prompt_ids"] == y["prompt_ids"] for x, y in sequences)
+    rewards = [r["reward"] for r in theirs]
+    assert 1.0 in rewards and any(0 < r < 1 for r in rewards)
+    assert summary["datasets"]["webshop"]["shop"]["mean_reward"] == pytest.approx(
+        sum(rewards) / len(rewards)
+    )
+
+
+def test_eval_cli_on_a_webshop_server_then_resume(
+    webshop: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    args = ["eval", "--env", "webshop", "--webshop-url", webshop, "--sessions", "1:3"]
+    args += ["--model", str(tiny), "--device", "cpu", "--out", str(out), "--no-progress"]
+    args += ["--max-new-tokens", "8"]
+    assert main(args) == 0
+    assert "webshop: 2 instructions, reward 0.0000" in capsys.readouterr().out
+    records = read_predictions(out / "webshop" / "predictions.jsonl")
+    test = generate_catalogue(SHOP).split("test")
+    assert [r["id"] for r in records] == ["fixed_1", "fixed_2"]
+    assert [r["question"] for r in records] == [test[1].text, test[2].text]
+    assert all(r["reward"] == 0.0 for r in records)  # the tiny model writes no action
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["webshop"] == {"url": webshop, "sessions": "1:3"}
+    assert main(args) == 0  # resumed: nothing left to run
+    assert len(read_predictions(out / "webshop" / "predictions.jsonl")) == 2
+    other = [*args[:6], "0:3", *args[7:]]
+    assert main(other) == 2  # other sessions into the same folder
+    assert "other settings (webshop.sessions)" in capsys.readouterr().err
+
+
+def test_eval_on_a_webshop_server_refuses_what_it_cannot_reach(
+    webshop: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--env", "webshop", "--out", str(tmp_path / "run")]
+    assert main(base) == 2
+    assert "needs --webshop-url" in capsys.readouterr().err
+    assert main([*base, "--webshop-url", webshop, "--sessions", "0:99"]) == 2
+    assert "session fixed_" in capsys.readouterr().err  # the shop serves fewer
+    assert main([*base, "--webshop-url", webshop, "--sessions", "3:1"]) == 2
+    assert "give A:B" in capsys.readouterr().err
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert main([*base, "--webshop-url", nobody, "--sessions", "0:1"]) == 2
+    assert "cannot reach" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing written before the run could start
+    with WebShopEnvironment(webshop) as environment:
+        (refused,) = environment.act([ShopAction("fixed_999", "")])
+        assert isinstance(refused, MemSearcherError) and "404" in str(refused)

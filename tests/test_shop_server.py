@@ -10,16 +10,14 @@ written after its templates instead.
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
-from _servers import free_port, running
+from _servers import free_port, shop_server
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -44,18 +42,8 @@ def search(catalogue: Catalogue) -> ShopSearch:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("log") / "shop.log"
-    command = [
-        sys.executable,
-        "-m",
-        "memsearcher.agent.environments.shop_server",
-        "--seed",
-        str(SEED),
-    ]
-    command += ["--families-per-category", str(FAMILIES), "--split", "test", "--port", str(port)]
-    with running(command, f"http://127.0.0.1:{port}/fixed_0", log, dict(os.environ), 120):
-        yield f"http://127.0.0.1:{port}"
+    with shop_server(SEED, FAMILIES, "test", tmp_path_factory.mktemp("log") / "shop.log") as url:
+        yield url
 
 
 def local(catalogue: Catalogue, search: ShopSearch, index: int) -> ShopEnv:

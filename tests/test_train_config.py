@@ -285,12 +285,13 @@ def test_a_critic_needs_no_group() -> None:
 
 
 SHOP = ["environment=shop", "reward=environment"]
+WEBSHOP = ["environment=webshop", "reward=environment", "webshop_url=http://127.0.0.1:3000"]
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["environment=web"], "environment must be one of ['search', 'shop'], got 'web'"),
+        (["environment=web"], "environment must be one of ['search', 'shop', 'webshop'], got"),
         (["environment=shop"], "reward must be environment with environment: shop"),
         (["reward=environment"], "reward must be an answer reward with environment: search"),
         ([*SHOP, "shop_split=dev"], "shop_split must be one of ['train', 'rl', 'test'], or"),
@@ -299,6 +300,11 @@ SHOP = ["environment=shop", "reward=environment"]
         ([*SHOP, "data=q.jsonl"], "data must be empty with environment: shop"),
         ([*SHOP, "retriever=http://x"], "retriever must be null with environment: shop"),
         (["shop_ids_from=3"], "shop_ids_from must be null unless environment: shop"),
+        (["environment=webshop", "reward=environment"], "webshop_url must be a server's URL"),
+        (["webshop_url=http://x"], "webshop_url must be a server's URL with environment: web"),
+        ([*WEBSHOP, "data=q.jsonl"], "data must be empty with environment: webshop"),
+        ([*WEBSHOP, "retriever=http://x"], "retriever must be null with environment: webshop"),
+        ([*WEBSHOP, "shop_ids_from=3"], "shop_ids_from must be null unless environment: shop"),
     ],
 )
 def test_each_environment_takes_only_what_it_can_use(overrides: list[str], message: str) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _servers import shop_server
 from safetensors.torch import load_file
 from tiny_model import save_tiny_model
 from transformers import AutoTokenizer
@@ -203,6 +205,37 @@ def test_grpo_trains_on_the_shops_reward_with_pages_at_mask_0(
             assert "Instruction:" not in decode(written)  # a page is never the model's
             pages += decode(masked).count("Instruction:")
     assert pages > 0
+
+
+@pytest.fixture(scope="module")
+def webshop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`SHOP`'s rl instructions served over WebShop's HTTP protocol, as fixed_0, fixed_1..."""
+    log = tmp_path_factory.mktemp("log") / "shop.log"
+    with shop_server(SHOP.seed, SHOP.families_per_category, "rl", log) as url:
+        yield url
+
+
+def test_grpo_trains_on_a_webshop_servers_reward(
+    tiny: Path, tmp_path: Path, catalogue: Catalogue, scripted_rollouts: None, webshop: str
+) -> None:
+    """``environment: webshop``: the rl instructions from the server, each sample's reward
+    the one the local shop gives for its actions; a group's episodes browse one server session
+    side by side, and each oracle among them buys with reward 1."""
+    out = tmp_path / "out"
+    overrides = ["environment=webshop", f"webshop_url={webshop}", "webshop_sessions=0:4"]
+    train_grpo(shop_config(tiny, out, *overrides))
+    assert latest_checkpoint(out) == out / "step-1"
+    rl = catalogue.split("rl")
+    samples = read_samples(out)
+    assert len(samples) == 2 * 3
+    for sample in samples:
+        index = int(sample["example"]["id"].removeprefix("fixed_"))
+        assert sample["example"]["question"] == rl[index].text
+        local = {**sample, "example": {**sample["example"], "id": rl[index].id}}
+        assert sample["reward"] == pytest.approx(replayed_reward(catalogue, local))
+        if sample["turns"] and "oracle" in (sample["turns"][0]["thought"] or ""):
+            assert sample["reward"] == 1.0 and sample["end_reason"] == "answer"
+    assert 1.0 in [s["reward"] for s in samples]
 
 
 def test_ppo_with_a_critic_trains_on_the_shop_through_the_same_setup(

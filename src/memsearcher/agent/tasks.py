@@ -11,6 +11,8 @@ a function that starts each agent's episodes in it) and an entry here (docs/arch
 - ``shop``: the instructions of one split of the generated shop (``shop``), or of several
   joined by ``+`` (``shop_split``, e.g. ``train+rl``), acted on in `ShopEnvironment`, rewarded
   by the shop at Buy Now.
+- ``webshop``: the sessions of a WebShop server (``webshop_url``, ``webshop_sessions``), acted
+  on over HTTP in `WebShopEnvironment`, rewarded by the server at Buy Now.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from memsearcher.agent.base import AgentConfig, Episode
 from memsearcher.agent.environments import Environment
 from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
 from memsearcher.agent.environments.shop_world import ShopConfig, deal_ids, generate_catalogue
+from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
 from memsearcher.agent.prompts import Templates
 from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.data.flashrag import read_examples
@@ -104,9 +107,22 @@ def open_shop(settings: ShopSettings) -> Opened:
     return questions, ShopEnvironment(catalogue, search, repeat_ends=settings.shop_repeat_ends)
 
 
+class WebShopSettings(Protocol):
+    webshop_url: str
+    webshop_sessions: str
+
+
+def open_webshop(settings: WebShopSettings) -> Opened:
+    """The sessions ``webshop_sessions`` of the WebShop server at ``webshop_url``, each read
+    once for its instruction."""
+    environment = WebShopEnvironment(settings.webshop_url)
+    return environment.examples(session_range(settings.webshop_sessions)), environment
+
+
 ENVIRONMENTS: dict[str, EnvironmentKind] = {
     "search": EnvironmentKind(start_episodes, Templates, open_search, False, False),
     "shop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_shop, True, True),
+    "webshop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_webshop, True, True),
 }
 
 

@@ -50,13 +50,14 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         help="default: async for --backend openai, else lockstep",
     )
     parser.add_argument("--concurrency", type=int, default=64, help="async driver: in flight")
-    shop = parser.add_argument_group("shop (--env shop)")
+    shop = parser.add_argument_group("shop (--env shop or webshop)")
     shop.add_argument(
         "--env",
-        choices=("search", "shop"),
+        choices=("search", "shop", "webshop"),
         default="search",
         help="search: QA over a retriever (--data); shop: the generated shop's instructions "
-        "(no --data), scored by the shop's reward",
+        "(no --data), scored by the shop's reward; webshop: the sessions of a WebShop server "
+        "(--webshop-url), scored by its reward",
     )
     shop.add_argument("--shop-seed", type=int, default=0, help="the shop's seed (default: 0)")
     shop.add_argument(
@@ -67,6 +68,18 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     )
     shop.add_argument(
         "--split", choices=("train", "rl", "test"), default="test", help="default: test"
+    )
+    shop.add_argument(
+        "--webshop-url",
+        default=None,
+        help="--env webshop: the server (princeton-nlp's WebShop, or ours: python -m "
+        "memsearcher.agent.environments.shop_server), e.g. http://127.0.0.1:3000",
+    )
+    shop.add_argument(
+        "--sessions",
+        default="0:500",
+        help="--env webshop: sessions fixed_A .. fixed_{B-1} as A:B (default: 0:500, "
+        "WebShop's usual test goals)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_agent_arguments(parser)
@@ -102,7 +115,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from memsearcher.eval.run import run_eval
     from memsearcher.retrieval import open_retriever
 
-    if args.env == "shop":
+    if args.env in ("shop", "webshop"):
         return run_shop_eval(args)
     if not args.data or not args.out:
         raise MemSearcherError("eval needs --data and --out (or: eval report DIR ...)")
@@ -145,48 +158,63 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def run_shop_eval(args: argparse.Namespace) -> int:
     """``eval --env shop``: every instruction of a split of the generated shop, in its pages,
-    into the same run folder layout (``OUT/shop-<split>/predictions.jsonl``, summary.json)."""
+    into the same run folder layout (``OUT/shop-<split>/predictions.jsonl``, summary.json);
+    ``eval --env webshop``: the sessions of a WebShop server (``OUT/webshop/``)."""
+    from memsearcher.agent.environments import Environment
     from memsearcher.agent.environments.shop import (
         ShopEnvironment,
         ShopSearch,
         instruction_example,
     )
     from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
     from memsearcher.agent.prompts import read_templates
     from memsearcher.agent.shop_agents import ShopTemplates
     from memsearcher.errors import MemSearcherError
     from memsearcher.eval.run import run_eval
 
+    env = args.env
     if not args.out:
-        raise MemSearcherError("eval --env shop needs --out")
+        raise MemSearcherError(f"eval --env {env} needs --out")
     given = [f"--{k}" for k in ("data", "index", "retriever", "objectives")
              if getattr(args, k) is not None]  # fmt: skip
     if given:
         raise MemSearcherError(
-            f"eval --env shop takes no {', '.join(given)}: the shop brings its instructions "
+            f"eval --env {env} takes no {', '.join(given)}: the shop brings its instructions "
             "and search"
         )
     templates = read_templates(args.templates, ShopTemplates)
-    config = _eval_config(args, driver=args.driver or "lockstep", environment="shop")
-    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
-    catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
-    examples = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
-    environment = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
-    llm = open_llm(args)
+    config = _eval_config(args, driver=args.driver or "lockstep", environment=env)
     info: dict[str, object] = {
         "model": args.model,
         "backend": args.backend,
         "served_model": args.served_model,
-        "shop": {"seed": args.shop_seed, **sizes, "split": args.split},
     }
+    environment: Environment[Any, Any]
+    if env == "webshop":
+        if not args.webshop_url:
+            raise MemSearcherError("eval --env webshop needs --webshop-url")
+        name = "webshop"
+        environment = webshop = WebShopEnvironment(args.webshop_url)
+        examples = webshop.examples(session_range(args.sessions)[: args.limit])
+        info["webshop"] = {"url": args.webshop_url, "sessions": args.sessions}
+    else:
+        name = f"shop-{args.split}"
+        sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
+        catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
+        examples = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
+        environment = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+        info["shop"] = {"seed": args.shop_seed, **sizes, "split": args.split}
+    llm = open_llm(args)
     if args.templates:  # absent otherwise, so earlier runs still resume
         info["templates"] = args.templates
     if args.chat_template_kwargs:
         info["chat_template_kwargs"] = args.chat_template_kwargs
-    name = f"shop-{args.split}"
     summary = run_eval(
         {name: examples}, llm, environment, config, args.out, templates, info, not args.no_progress
     )
+    if env == "webshop":
+        webshop.close()
     shop = summary["datasets"][name].get("shop")
     if shop is not None:
         long = shop["peak_prompt_tokens_long"]

@@ -35,8 +35,10 @@ METRICS = {"em": exact_match, "f1": f1_score, "acc": sub_exact_match}
 def _scores(example: QAExample, prediction: str | None) -> dict[str, float]:
     """EM, F1 and ACC; a composed multi-objective task sums them over its objectives with the
     count rule (`objective_sum`), so its scores range over 0..N. No answer scores 0, even
-    against a gold that normalizes to "" (one not read through `read_examples`)."""
-    if prediction is None:
+    against a gold that normalizes to "" (one not read through `read_examples`); so does a
+    task with no gold answer (a WebShop session, whose target the server does not show: the
+    environment's reward is its measure)."""
+    if prediction is None or not example.objectives[0]:
         return dict.fromkeys(METRICS, 0.0)
     if "objectives" not in example.metadata:
         return {k: metric(prediction, example.golden_answers) for k, metric in METRICS.items()}
@@ -79,7 +81,7 @@ def prediction_record(
 
 
 def _rewarded(example: QAExample) -> bool:
-    return example.metadata.get("environment") == "shop"
+    return example.metadata.get("environment") in ("shop", "webshop")
 
 
 def error_record(dataset: str, example: QAExample, error: BaseException) -> dict[str, Any]:

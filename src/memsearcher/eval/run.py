@@ -87,8 +87,9 @@ class EvalConfig:
     concurrency: int = 64
     """Episodes in flight at once with the async driver."""
     environment: str = "search"
-    """What the episodes act in: ``search`` (questions over a retriever) or ``shop`` (the
-    generated shop's instructions; lockstep driver only)."""
+    """What the episodes act in: ``search`` (questions over a retriever), ``shop`` (the
+    generated shop's instructions) or ``webshop`` (a WebShop server's sessions); the shops run
+    with the lockstep driver only."""
 
     def __post_init__(self) -> None:
         agent_type(self.agent)
@@ -429,8 +430,8 @@ def run_eval(
     """Answer every question not yet saved under ``out``, then write and return the summary.
 
     ``info`` (model, retriever, ...) is saved with the settings and must match on resume.
-    ``retriever`` is what the episodes act on: a retriever, or the shop's environment with
-    ``config.environment == "shop"``.
+    ``retriever`` is what the episodes act on: a retriever, or a shop's environment with
+    ``config.environment`` ``shop`` or ``webshop``.
     """
     _check_names(list(datasets))
     out = Path(out)

@@ -161,7 +161,8 @@ class GRPOConfig:
     """memsearcher or react."""
     environment: str = "search"
     """search: the questions of ``data`` over ``retriever``; shop: the instructions of the
-    generated shop (``shop``, ``shop_split``) in its pages, with reward: environment."""
+    generated shop (``shop``, ``shop_split``) in its pages, with reward: environment; webshop:
+    the sessions ``webshop_sessions`` of the WebShop server at ``webshop_url``, the same way."""
     shop_split: str = "rl"
     """The shop's instructions to train on (environment: shop): train, rl or test, or several
     joined by ``+`` (``train+rl``: the demo's SFT never sees the tested shop's train split)."""
@@ -174,6 +175,13 @@ class GRPOConfig:
     shop's products take, dealt at random (`deal_ids`), so that a model whose vocabulary holds
     one shop's ids trains on another shop's instructions (the shop demo's ``rl_shop: fresh``);
     None: the shop's own ids."""
+    webshop_url: str | None = None
+    """environment: webshop: the server, princeton-nlp's WebShop or ours (``python -m
+    memsearcher.agent.environments.shop_server``), e.g. http://127.0.0.1:3000."""
+    webshop_sessions: str = "1500:12087"
+    """environment: webshop: the sessions ``fixed_A`` .. ``fixed_{B-1}`` as ``A:B``; WebShop
+    keeps goals 0-499 for test and 500-1499 for validation, the rest (its 12,087) for
+    training."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE
@@ -413,11 +421,15 @@ def _check_environment(config: GRPOConfig) -> None:
     if name != "shop":
         rule = "null unless environment: shop (another shop's ids for the trained shop)"
         require(config, "shop_ids_from", config.shop_ids_from is None, rule)
+    rule = "a server's URL with environment: webshop, else null"
+    require(config, "webshop_url", (name == "webshop") == bool(config.webshop_url), rule)
+    if name == "search":
         return
-    splits = config.shop_split.split("+")
-    known = set(splits) <= set(SPLITS) and len(set(splits)) == len(splits)
-    require(config, "shop_split", known, f"one of {list(SPLITS)}, or several joined by +")
-    rule = "empty with environment: shop (its instructions come from shop and shop_split)"
+    if name == "shop":
+        splits = config.shop_split.split("+")
+        known = set(splits) <= set(SPLITS) and len(set(splits)) == len(splits)
+        require(config, "shop_split", known, f"one of {list(SPLITS)}, or several joined by +")
+    rule = f"empty with environment: {name} (the shop brings its instructions)"
     require(config, "data", not config.data, rule)
-    rule = "null with environment: shop (it searches its own products)"
+    rule = f"null with environment: {name} (the shop searches its own products)"
     require(config, "retriever", config.retriever is None, rule)

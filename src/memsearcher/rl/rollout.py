@@ -60,8 +60,9 @@ def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> di
     turns = [len(t.turns) for t in trajectories]
     prompts = [turn.prompt_tokens for t in trajectories for turn in t.turns]
     em = [
-        exact_match(t.answer, t.example.golden_answers) if t.well_formed and t.answer else 0.0
+        exact_match(t.answer, golds) if t.well_formed and t.answer and golds else 0.0
         for t in trajectories
+        for golds in [t.example.golden_answers]  # none for a WebShop session
     ]
     n = len(trajectories)
     return {

@@ -44,18 +44,28 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin
 
+from memsearcher.agent.environments.base import ActionRefused, Environment, Page, ShopAction
 from memsearcher.agent.environments.shop import EPISODE_OVER, SEP, check_action, invalid_observation
 from memsearcher.errors import MemSearcherError
+from memsearcher.types import QAExample
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["Clickable", "WebPage", "WebShopHTTPEnv", "read_page"]
+__all__ = [
+    "Clickable",
+    "WebPage",
+    "WebShopEnvironment",
+    "WebShopHTTPEnv",
+    "read_page",
+    "session_range",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -204,9 +214,9 @@ class WebShopHTTPEnv:
         try:
             self.page = self._fetch(Clickable("GET", url), {})
         except _Refused as refused:
-            raise MemSearcherError(f"{url}: {refused}") from None
+            raise _Refused(f"{url}: {refused}") from None
         if self.page.search is None or not self.page.instruction:
-            raise MemSearcherError(f"{url} is not a WebShop search page (no #search_input)")
+            raise _Refused(f"{url} is not a WebShop search page (no #search_input)")
         words = self.page.instruction
         self.instruction_text = " ".join(words[1:] if words[0] == "Instruction:" else words)
         self.steps, self.done = 0, False
@@ -282,7 +292,7 @@ class WebShopHTTPEnv:
 
 
 class _Refused(MemSearcherError):
-    """The server answered, but not with a page."""
+    """The server answered, but not with a page (or not with a session's start page)."""
 
 
 def _detail(response: httpx.Response) -> str:
@@ -290,3 +300,78 @@ def _detail(response: httpx.Response) -> str:
         return str(response.json()["detail"])[:300]
     except (ValueError, KeyError, TypeError):
         return response.text[:300]
+
+
+class WebShopEnvironment(Environment[ShopAction, Page]):
+    """A WebShop server behind the environment protocol, as `ShopEnvironment` puts our shop:
+    the empty action opens a `WebShopHTTPEnv` on the session its `ShopAction` names (the part
+    before a ``#``, so the episodes of a GRPO group each browse on their own: both servers
+    keep a session's goal only, and a page's state lives in its URL), then each action steps
+    it; an episode's env is dropped when it ends. Actions run one after another, on one
+    connection pool (``with`` closes it). A session the server refuses is refused for its
+    episode alone; a server that cannot be reached stops the run (`MemSearcherError`)."""
+
+    def __init__(self, base_url: str, max_steps: int = 15, timeout: float = 30.0) -> None:
+        self.base_url, self.max_steps = base_url, max_steps
+        probe = WebShopHTTPEnv(base_url, 0, max_steps, timeout)  # imports httpx, or says how
+        self.http = probe.http
+        self.sessions: dict[str, WebShopHTTPEnv] = {}
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> WebShopEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
+        return [self._act(action) for action in actions]
+
+    def _act(self, action: ShopAction) -> Page | ActionRefused:
+        if not action.text:
+            env = WebShopHTTPEnv(
+                self.base_url, action.session.partition("#")[0], self.max_steps, client=self.http
+            )
+            try:
+                text = env.reset()
+            except _Refused as refused:
+                return ActionRefused(str(refused))
+            self.sessions[action.session] = env
+            return Page(text)
+        env_or_none = self.sessions.get(action.session)
+        if env_or_none is None:
+            return ActionRefused(f"session {action.session!r} was never opened")
+        observation, reward, done, info = env_or_none.step(action.text)
+        if done:
+            del self.sessions[action.session]
+        return Page(observation, reward, done, info.get("bought"))
+
+    def examples(self, sessions: Sequence[str]) -> list[QAExample]:
+        """One task each of ``sessions``, its question the instruction the server shows on
+        the session's start page. The target is not shown before the purchase, so a task
+        has no gold answer: its measure is the server's reward (EM, F1 and ACC score 0)."""
+        tasks = []
+        for session in sessions:
+            env = WebShopHTTPEnv(self.base_url, session, self.max_steps, client=self.http)
+            try:
+                env.reset()
+            except _Refused as refused:
+                raise MemSearcherError(f"session {session}: {refused}") from None
+            metadata = {"environment": "webshop", "server": self.base_url}
+            tasks.append(QAExample(session, env.instruction_text, (), metadata))
+        return tasks
+
+
+def session_range(text: str) -> list[str]:
+    """``"A:B"`` -> the sessions ``fixed_A`` .. ``fixed_{B-1}`` (WebShop's usual test split
+    is ``0:500``)."""
+    first, colon, end = text.partition(":")
+    try:
+        a, b = int(first), int(end)
+    except ValueError:
+        a = b = -1
+    if not colon or not 0 <= a < b:
+        raise MemSearcherError(f"sessions {text!r}: give A:B, with 0 <= A < B (e.g. 0:500)")
+    return [f"fixed_{i}" for i in range(a, b)]
