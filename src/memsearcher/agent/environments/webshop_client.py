@@ -185,14 +185,8 @@ class WebShopHTTPEnv:
         self.base_url = base_url.rstrip("/")
         self.session = f"fixed_{session}" if isinstance(session, int) else session
         self.max_steps = max_steps
-        try:
-            import httpx
-        except ImportError as error:  # httpx comes with the server extra; say how to get it
-            raise MemSearcherError(
-                f"WebShopHTTPEnv needs httpx ({error}): pip install 'memsearcher[server]'"
-            ) from None
-        self._httpx = httpx
-        self.http = client or httpx.Client(timeout=timeout, follow_redirects=True)
+        self._httpx = _import_httpx()
+        self.http = client or self._httpx.Client(timeout=timeout, follow_redirects=True)
         self.page = WebPage(self.base_url)
         self.instruction_text = ""
         self.steps = 0
@@ -291,6 +285,16 @@ class WebShopHTTPEnv:
         return read_page(response.text, str(response.url))
 
 
+def _import_httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as error:  # httpx comes with the server extra; say how to get it
+        raise MemSearcherError(
+            f"WebShop over HTTP needs httpx ({error}): pip install 'memsearcher[server]'"
+        ) from None
+    return httpx
+
+
 class _Refused(MemSearcherError):
     """The server answered, but not with a page (or not with a session's start page)."""
 
@@ -313,8 +317,7 @@ class WebShopEnvironment(Environment[ShopAction, Page]):
 
     def __init__(self, base_url: str, max_steps: int = 15, timeout: float = 30.0) -> None:
         self.base_url, self.max_steps = base_url, max_steps
-        probe = WebShopHTTPEnv(base_url, 0, max_steps, timeout)  # imports httpx, or says how
-        self.http = probe.http
+        self.http = _import_httpx().Client(timeout=timeout, follow_redirects=True)
         self.sessions: dict[str, WebShopHTTPEnv] = {}
 
     def close(self) -> None:
