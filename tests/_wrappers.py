@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from memsearcher.llm.base import Tokenizer
+from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import Hit
 
@@ -23,6 +25,32 @@ class Delegating:
     @property
     def max_context_tokens(self) -> int:
         return self.llm.max_context_tokens
+
+
+class OnePromptAtATime(Delegating):
+    """``llm`` (any backend with ``generate``), one prompt per call, callable from both
+    drivers: awaited, it runs in a thread, and counts the calls in flight."""
+
+    def __init__(self, llm: Any) -> None:
+        super().__init__(llm)
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        with self.lock:
+            return [self.llm.generate([p], params)[0] for p in prompts]
+
+    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            (completion,) = await asyncio.to_thread(self.generate, [prompt_ids], params)
+            return completion
+        finally:
+            self.in_flight -= 1
 
 
 class CountingRetriever:

@@ -8,14 +8,15 @@ drivers the same trajectories (batched prompts would add padding, which may chan
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 
 import pytest
-from _wrappers import CountingRetriever, Delegating
+from _wrappers import CountingRetriever, Delegating, OnePromptAtATime
 
 from memsearcher.agent import AgentConfig, run_lockstep, start_episodes
 from memsearcher.agent.async_driver import run_async
+from memsearcher.agent.environments import SearchEnvironment
+from memsearcher.errors import MemSearcherError
 from memsearcher.llm.base import Completion, SamplingParams
 from memsearcher.llm.hf import HFModel
 from memsearcher.retrieval.base import Retriever
@@ -28,31 +29,6 @@ QUESTIONS = [
     QAExample("d", "Who painted the Mona Lisa?", ("Leonardo",)),
 ]
 CONFIG = AgentConfig(max_turns=2, max_new_tokens=32, memory_tokens=32)
-
-
-class OnePromptAtATime(Delegating):
-    """The HF backend, one prompt per forward, callable from both drivers."""
-
-    def __init__(self, llm: HFModel) -> None:
-        super().__init__(llm)
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.most_in_flight = 0
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[Completion]:
-        with self.lock:
-            return [self.llm.generate([p], params)[0] for p in prompts]
-
-    async def agenerate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            (completion,) = await asyncio.to_thread(self.generate, [prompt_ids], params)
-            return completion
-        finally:
-            self.in_flight -= 1
 
 
 @pytest.mark.slow
@@ -93,6 +69,15 @@ def test_async_driver_rejects_bad_concurrency(llm: HFModel, retriever: Retriever
     episodes = start_episodes("memsearcher", QUESTIONS[:1], llm.tokenizer, CONFIG)
     with pytest.raises(ValueError, match="concurrency"):
         asyncio.run(run_async(episodes, OnePromptAtATime(llm), retriever, SamplingParams(), 0))
+
+
+def test_an_environment_for_the_lockstep_driver_only_is_refused(
+    llm: HFModel, retriever: Retriever
+) -> None:
+    episodes = start_episodes("memsearcher", QUESTIONS[:1], llm.tokenizer, CONFIG)
+    lockstep_only = SearchEnvironment(retriever)  # an Environment with no act_one
+    with pytest.raises(MemSearcherError, match="SearchEnvironment acts for the lockstep driver"):
+        asyncio.run(run_async(episodes, OnePromptAtATime(llm), lockstep_only, SamplingParams()))
 
 
 class FailingRetriever:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from _servers import free_port, shop_server
+from _wrappers import OnePromptAtATime
 from tiny_model import save_tiny_model
 from transformers import AutoTokenizer
 
@@ -154,8 +155,6 @@ def test_eval_cli_on_the_shop_with_a_real_model_then_resume(
 def test_eval_on_the_shop_refuses_what_it_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "--env", "shop", "--out", "x", "--data", "d.jsonl"]) == 2
     assert "takes no --data" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="lockstep driver only"):
-        EvalConfig(environment="shop", driver="async")
     with pytest.raises(ValueError, match="unknown environment"):
         EvalConfig(environment="web")
     assert main(["eval", "--env", "shop"]) == 2
@@ -248,3 +247,36 @@ def test_eval_on_a_webshop_server_refuses_what_it_cannot_reach(
     with WebShopEnvironment(webshop) as environment:
         (refused,) = environment.act([ShopAction("fixed_999", "")])
         assert isinstance(refused, MemSearcherError) and "404" in str(refused)
+
+
+def test_the_async_driver_shops_as_lockstep_locally_and_over_http(
+    llm: HFModel, webshop: str, tmp_path: Path
+) -> None:
+    """eval's async driver, four episodes in flight and the model awaited one prompt at a
+    time, gives each instruction the record the lockstep driver gives, in the local shop and
+    on the served one."""
+    catalogue = generate_catalogue(SHOP)
+    test = catalogue.split("test")
+    _, reply = shopper(catalogue)
+    backend = OnePromptAtATime(ScriptedLLM(llm.tokenizer, reply))
+    local = [instruction_example(i) for i in test]
+    same = ("reward", "turns", "end_reason", "prompt_tokens", "prediction")
+    records = {}
+    with WebShopEnvironment(webshop) as served:
+        served_tasks = served.examples(session_range(f"0:{len(test)}"))
+        for env, driver in (("shop", "lockstep"), ("shop", "async"), ("webshop", "async")):
+            config = EvalConfig(
+                agent_config=AgentConfig(max_turns=15), environment=env, driver=driver,
+                concurrency=4,
+            )  # fmt: skip
+            shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+            environment = served if env == "webshop" else shop
+            tasks = served_tasks if env == "webshop" else local
+            out = tmp_path / f"{env}-{driver}"
+            run_eval({"test": tasks}, backend, environment, config, out, progress=False)
+            lines = read_predictions(out / "test" / "predictions.jsonl")
+            records[env, driver] = {r["question"]: {k: r[k] for k in same} for r in lines}
+    assert backend.most_in_flight > 1
+    assert len(records["shop", "lockstep"]) == len(test)
+    assert records["shop", "async"] == records["shop", "lockstep"]
+    assert records["webshop", "async"] == records["shop", "lockstep"]

@@ -63,8 +63,6 @@ class EnvironmentKind:
     own_reward: bool
     """Whether an episode ends with the environment's reward (``reward: environment``);
     else the trainers score its answer."""
-    lockstep_only: bool
-    """Whether it lacks an `AsyncEnvironment`, so that only the lockstep driver runs it."""
 
 
 class SearchSettings(Protocol):
@@ -120,9 +118,9 @@ def open_webshop(settings: WebShopSettings) -> Opened:
 
 
 ENVIRONMENTS: dict[str, EnvironmentKind] = {
-    "search": EnvironmentKind(start_episodes, Templates, open_search, False, False),
-    "shop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_shop, True, True),
-    "webshop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_webshop, True, True),
+    "search": EnvironmentKind(start_episodes, Templates, open_search, False),
+    "shop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_shop, True),
+    "webshop": EnvironmentKind(start_shop_episodes, ShopTemplates, open_webshop, True),
 }
 
 

@@ -184,7 +184,8 @@ def run_shop_eval(args: argparse.Namespace) -> int:
             "and search"
         )
     templates = read_templates(args.templates, ShopTemplates)
-    config = _eval_config(args, driver=args.driver or "lockstep", environment=env)
+    driver = args.driver or ("async" if args.backend == "openai" else "lockstep")
+    config = _eval_config(args, driver=driver, concurrency=args.concurrency, environment=env)
     info: dict[str, object] = {
         "model": args.model,
         "backend": args.backend,

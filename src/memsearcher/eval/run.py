@@ -36,7 +36,6 @@ from memsearcher.agent import (
     Templates,
     agent_type,
     run_lockstep,
-    start_episodes,
 )
 from memsearcher.agent.environments import Environment
 from memsearcher.agent.shop_agents import ShopTemplates
@@ -88,8 +87,7 @@ class EvalConfig:
     """Episodes in flight at once with the async driver."""
     environment: str = "search"
     """What the episodes act in: ``search`` (questions over a retriever), ``shop`` (the
-    generated shop's instructions) or ``webshop`` (a WebShop server's sessions); the shops run
-    with the lockstep driver only."""
+    generated shop's instructions) or ``webshop`` (a WebShop server's sessions)."""
 
     def __post_init__(self) -> None:
         agent_type(self.agent)
@@ -99,8 +97,6 @@ class EvalConfig:
             raise ValueError(
                 f"unknown environment {self.environment!r}; choose one of {sorted(ENVIRONMENTS)}"
             )
-        if ENVIRONMENTS[self.environment].lockstep_only and self.driver != "lockstep":
-            raise ValueError(f"the {self.environment} runs with the lockstep driver only")
         for name in ("batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -276,9 +272,7 @@ def _async(
 
     if not is_async(llm):
         raise MemSearcherError("the async driver needs an HTTP backend (--backend openai)")
-    if isinstance(templates, ShopTemplates):
-        raise MemSearcherError("the async driver runs search QA only; the shop runs lockstep")
-    episodes = start_episodes(
+    episodes = ENVIRONMENTS[config.environment].start_episodes(
         config.agent, examples, llm.tokenizer, config.agent_config, templates,
         llm.max_context_tokens,
     )  # fmt: skip

@@ -31,6 +31,7 @@ __all__ = [
     "Page",
     "Search",
     "ShopAction",
+    "observed",
 ]
 
 
@@ -88,6 +89,14 @@ class Environment(ABC, Generic[ActionT, ObservationT]):
     @abstractmethod
     def act(self, actions: Sequence[ActionT]) -> list[ObservationT | ActionRefused]:
         """One observation per action, in order, or the refusal of an action that fails alone."""
+
+
+def observed(result: ObservationT | ActionRefused) -> ObservationT:
+    """One result of `Environment.act` as `AsyncEnvironment.act_one` gives it: the
+    observation, or the refusal raised."""
+    if isinstance(result, ActionRefused):
+        raise result
+    return result
 
 
 class AsyncEnvironment(ABC, Generic[ActionT, ObservationT]):

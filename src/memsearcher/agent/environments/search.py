@@ -14,6 +14,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 from memsearcher.agent.environments.base import ActionRefused, AsyncEnvironment, Environment, Search
+from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.base import AsyncRetriever, Retriever, SearchRefused, is_async
 from memsearcher.types import Hit
 from memsearcher.worker import QueueWorker
@@ -120,8 +121,13 @@ def as_async_environment(
     where: AsyncEnvironment[Any, Any] | Retriever | AsyncRetriever,
 ) -> AsyncEnvironment[Any, Any]:
     """``where`` itself if it is an async environment; an async retriever is searched directly,
-    a synchronous one through a `BatchedSearch`."""
+    a synchronous one through a `BatchedSearch`. An environment with no ``act_one`` is
+    refused."""
     if isinstance(where, AsyncEnvironment):
         return where
+    if isinstance(where, Environment):
+        raise MemSearcherError(
+            f"{type(where).__name__} acts for the lockstep driver only (no act_one)"
+        )
     # (a TypeGuard narrows only its true branch before Python 3.13's TypeIs, hence the cast)
     return DirectSearch(where) if is_async(where) else BatchedSearch(cast(Retriever, where))

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memsearcher.agent.environments.base import ActionRefused, Environment, Page, ShopAction
+from memsearcher.agent.environments.base import (
+    ActionRefused,
+    AsyncEnvironment,
+    Environment,
+    Page,
+    ShopAction,
+    observed,
+)
 from memsearcher.agent.environments.shop_reward import shop_reward
 from memsearcher.agent.environments.shop_world import (
     CATEGORIES,
@@ -322,12 +329,14 @@ def solve(env: ShopEnv) -> list[str]:
     return actions
 
 
-class ShopEnvironment(Environment[ShopAction, Page]):
+class ShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
     """The shop behind the environment protocol: one `ShopEnv` per session, opened by the
     empty action on the instruction the session names (`ShopAction`) and showing its start
     page, then stepped by each action. A session that ended is closed; opening a session
     again starts it afresh, so an episode cut short (a format error) leaves nothing behind
-    once its name is used again. ``max_steps`` and ``repeat_ends`` are `ShopEnv`'s."""
+    once its name is used again. ``max_steps`` and ``repeat_ends`` are `ShopEnv`'s. For the
+    async driver an action runs in the event loop itself: a page is a lookup, a search a few
+    milliseconds over the shop's few hundred products."""
 
     def __init__(
         self,
@@ -343,6 +352,9 @@ class ShopEnvironment(Environment[ShopAction, Page]):
 
     def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
         return [self._act(action) for action in actions]
+
+    async def act_one(self, action: ShopAction) -> Page:
+        return observed(self._act(action))
 
     def _act(self, action: ShopAction) -> Page | ActionRefused:
         if not action.text:

@@ -42,6 +42,7 @@ a run against it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -50,7 +51,14 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin
 
-from memsearcher.agent.environments.base import ActionRefused, Environment, Page, ShopAction
+from memsearcher.agent.environments.base import (
+    ActionRefused,
+    AsyncEnvironment,
+    Environment,
+    Page,
+    ShopAction,
+    observed,
+)
 from memsearcher.agent.environments.shop import EPISODE_OVER, SEP, check_action, invalid_observation
 from memsearcher.errors import MemSearcherError
 from memsearcher.types import QAExample
@@ -306,14 +314,16 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:300]
 
 
-class WebShopEnvironment(Environment[ShopAction, Page]):
+class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
     """A WebShop server behind the environment protocol, as `ShopEnvironment` puts our shop:
     the empty action opens a `WebShopHTTPEnv` on the session its `ShopAction` names (the part
     before a ``#``, so the episodes of a GRPO group each browse on their own: both servers
     keep a session's goal only, and a page's state lives in its URL), then each action steps
-    it; an episode's env is dropped when it ends. Actions run one after another, on one
-    connection pool (``with`` closes it). A session the server refuses is refused for its
-    episode alone; a server that cannot be reached stops the run (`MemSearcherError`)."""
+    it; an episode's env is dropped when it ends. All share one connection pool (``with``
+    closes it). The lockstep driver's actions run one after another; the async driver's each
+    in a thread of its own, so the server sees as many at once as episodes are in flight. A
+    session the server refuses is refused for its episode alone; a server that cannot be
+    reached stops the run (`MemSearcherError`)."""
 
     def __init__(self, base_url: str, max_steps: int = 15, timeout: float = 30.0) -> None:
         self.base_url, self.max_steps = base_url, max_steps
@@ -331,6 +341,9 @@ class WebShopEnvironment(Environment[ShopAction, Page]):
 
     def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
         return [self._act(action) for action in actions]
+
+    async def act_one(self, action: ShopAction) -> Page:
+        return observed(await asyncio.to_thread(self._act, action))
 
     def _act(self, action: ShopAction) -> Page | ActionRefused:
         if not action.text:
