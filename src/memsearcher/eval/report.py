@@ -46,6 +46,11 @@ COLUMNS = (
     ("seconds_per_question", "s/q", "{:.2f}"),
     ("format_failure_rate", "fmt fail", "{:.1%}"),
 )
+SHOP_COLUMNS = (
+    ("reward", "reward", "{:.3f}"),
+    ("success", "success", "{:.1%}"),
+)
+"""Added where a row has them: runs in a shop (``eval --env shop`` or ``webshop``)."""
 PERCENT = frozenset({"em", "f1", "acc"})
 """In percent for one-objective rows; summed over N objectives (0..N, as MEM1 reports) else."""
 LEFT_ALIGNED = 3  # run, dataset, agent
@@ -82,12 +87,19 @@ def rows_from_summary(run: str | Path, summary: dict[str, Any]) -> list[dict[str
                 "tokens_max": tokens["max"],
                 "format_failure_rate": s["format_failure_rate"],
                 "prompt_tokens_by_turn": s["prompt_tokens_by_turn"],
+                **_shop_cells(s.get("shop")),
             }
         )
     average = summary.get("average") or {}
     if len(rows) > 1 and average:
         rows.append({"run": label, "dataset": "avg", "agent": agent, **average})
     return rows
+
+
+def _shop_cells(shop: dict[str, Any] | None) -> dict[str, Any]:
+    if shop is None:
+        return {}
+    return {"reward": shop["mean_reward"], "success": shop["success_rate"]}
 
 
 def load_rows(runs: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -108,10 +120,12 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict[str, Any]]:
 def table_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     """The table as strings, the titles first: what `format_table` prints and the HTML report
     shows, so both carry the same numbers."""
-    cells = [[title for _, title, _ in COLUMNS]]
+    shop = any(row.get("reward") is not None for row in rows)
+    columns = (*COLUMNS, *SHOP_COLUMNS) if shop else COLUMNS
+    cells = [[title for _, title, _ in columns]]
     for row in rows:
         line = []
-        for key, _, fmt in COLUMNS:
+        for key, _, fmt in columns:
             value = row.get(key)
             if value is None:
                 line.append("")
@@ -126,7 +140,7 @@ def table_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table; EM, F1 and ACC in percent as in the paper."""
     cells = table_cells(rows)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = []
     for n, line in enumerate(cells):
         lines.append(
