@@ -1,7 +1,12 @@
-"""A scripted policy short enough for a tiny model to learn in a few dozen SFT steps."""
+"""Scripted policies: one short enough for a tiny model to learn in a few dozen SFT steps,
+and a shopper that plays given plans in any agent's shop protocol."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+
+from memsearcher.agent.environments.shop import SEP
 from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.scripted import Reply
 
@@ -26,5 +31,23 @@ def search_once_then_answer(answer: str) -> Reply:
         if searched:
             return f"<think> done </think>\n\\boxed{{{answer}}}"
         return f"<think> search </think>\n<tool_call>{CALL}</tool_call>"
+
+    return reply
+
+
+def follow_plans(plans: Mapping[str, Sequence[str]]) -> Reply:
+    """Take the actions of the plan of the instruction on the page, keyed by its text, in the
+    shop protocol of any agent: each thought says the step it takes (``<think> step N``), which
+    MEM1's last response and ReAct's conversation show again, and MemSearcher's memory counts
+    the steps done (``<memory> step N``)."""
+    instruction = re.compile("Instruction:" + re.escape(SEP) + "(.*?)" + re.escape(SEP))
+
+    def reply(prompt: str, params: SamplingParams) -> str:
+        known = re.findall(r"<(memory|think)> step (\d+)", prompt)
+        done = int(known[-1][1]) + (known[-1][0] == "think") if known else 0
+        if "</memory>" in params.stop:
+            return f"<memory> step {done} </memory>"
+        plan = plans[instruction.findall(prompt)[0]]
+        return f"<think> step {done} </think>\n<action> {plan[done]} </action>"
 
     return reply

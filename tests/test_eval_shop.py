@@ -15,12 +15,12 @@ locally, and the CLI on the tiny Llama.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _policies import follow_plans
 from _servers import free_port, shop_server
 from _wrappers import OnePromptAtATime
 from tiny_model import save_tiny_model
@@ -29,7 +29,6 @@ from transformers import AutoTokenizer
 from memsearcher.agent import AgentConfig
 from memsearcher.agent.environments import ShopAction
 from memsearcher.agent.environments.shop import (
-    SEP,
     ShopEnv,
     ShopEnvironment,
     ShopSearch,
@@ -41,10 +40,10 @@ from memsearcher.agent.environments.webshop_client import WebShopEnvironment, se
 from memsearcher.cli import main
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import read_predictions
+from memsearcher.eval.report import format_table, load_rows
 from memsearcher.eval.run import EvalConfig, run_eval, shop_summary
-from memsearcher.llm.base import SamplingParams
 from memsearcher.llm.hf import HFModel
-from memsearcher.llm.scripted import ScriptedLLM
+from memsearcher.llm.scripted import Reply, ScriptedLLM
 
 
 def record(reward: float | None, prompt_tokens: list[int]) -> dict[str, Any]:
@@ -72,13 +71,11 @@ def test_shop_summary_by_hand() -> None:
 SHOP = ShopConfig(seed=0, families_per_category=1)
 """The shop of the scripted runs, locally and served over HTTP."""
 
-Reply = Callable[[str, SamplingParams], str]
-
 
 def shopper(catalogue: Catalogue) -> tuple[dict[str, list[str]], Reply]:
-    """Each test instruction's plan, and a MemSearcher reply function that plays it: the
-    oracle's actions on the even instructions, on the odd ones the same without choosing the
-    options (a partial reward); its memory counts the steps done."""
+    """Each test instruction's plan, and a reply function that plays it (`follow_plans`):
+    the oracle's actions on the even instructions, on the odd ones the same without choosing
+    the options (a partial reward)."""
     search = ShopSearch(catalogue.products)
     plans = {}
     for i, instruction in enumerate(catalogue.split("test")):
@@ -87,17 +84,7 @@ def shopper(catalogue: Catalogue) -> tuple[dict[str, list[str]], Reply]:
             options = {f"click[{v}]" for v in instruction.goal.options.values()}
             plan = [a for a in plan if a not in options]
         plans[instruction.text] = plan
-    instruction_text = re.compile("Instruction:" + re.escape(SEP) + "(.*?)" + re.escape(SEP))
-
-    def reply(prompt: str, params: SamplingParams) -> str:
-        memory = re.findall(r"<memory> step (\d+)", prompt)
-        done = int(memory[-1]) if memory else 0
-        if "</memory>" in params.stop:
-            return f"<memory> step {done + 1} </memory>"
-        plan = plans[instruction_text.findall(prompt)[0]]
-        return f"<think> step {done} </think>\n<action> {plan[done]} </action>"
-
-    return plans, reply
+    return plans, follow_plans(plans)
 
 
 def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) -> None:
@@ -120,6 +107,11 @@ def test_eval_on_the_shop_scores_the_shops_reward(llm: HFModel, tmp_path: Path) 
     assert shop["mean_steps"] == pytest.approx(sum(len(p) for p in plans.values()) / len(test))
     assert summary["settings"]["environment"] == "shop"
     assert json.loads((out / "summary.json").read_text()) == summary
+    header, _, row = format_table(load_rows([out])).splitlines()  # eval report's table
+    assert header.split()[-2:] == ["reward", "success"]
+    assert row.split()[-2:] == [f"{shop['mean_reward']:.3f}", "50.0%"]
+    search_row = {k: v for k, v in load_rows([out])[0].items() if k not in ("reward", "success")}
+    assert "reward" not in format_table([search_row])  # a search run's table has no such column
 
 
 def test_eval_cli_on_the_shop_with_a_real_model_then_resume(
