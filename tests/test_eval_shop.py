@@ -241,6 +241,17 @@ def test_eval_on_a_webshop_server_refuses_what_it_cannot_reach(
         assert isinstance(refused, MemSearcherError) and "404" in str(refused)
 
 
+def test_a_task_of_another_shop_stops_the_run() -> None:
+    """An instruction the shop does not have means the tasks came from another shop (another
+    seed or size): every episode would end at once with reward 0, so it raises."""
+    catalogue = generate_catalogue(SHOP)
+    shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+    (page,) = shop.act([ShopAction(f"{catalogue.split('test')[0].id}#0", "")])  # the control
+    assert "Instruction:" in page.text
+    with pytest.raises(MemSearcherError, match="no instruction 'test-999' in this shop"):
+        shop.act([ShopAction("test-999#0", "")])
+
+
 def test_the_async_driver_shops_as_lockstep_locally_and_over_http(
     llm: HFModel, webshop: str, tmp_path: Path
 ) -> None:

@@ -48,6 +48,7 @@ from memsearcher.agent.environments.shop_world import (
     Instruction,
     Product,
 )
+from memsearcher.errors import MemSearcherError
 from memsearcher.retrieval.bm25 import BM25Index, build_bm25
 from memsearcher.retrieval.corpus import Passage, write_corpus
 from memsearcher.types import QAExample
@@ -360,8 +361,11 @@ class ShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction
         if not action.text:
             name = action.session.partition("#")[0]
             instruction = self.instructions.get(name)
-            if instruction is None:
-                return ActionRefused(f"no instruction {name!r} in this shop")
+            if instruction is None:  # the tasks are another shop's: no episode could run
+                raise MemSearcherError(
+                    f"no instruction {name!r} in this shop (seed {self.catalogue.config.seed}):"
+                    " were the tasks made from a shop of another seed or size?"
+                )
             env = ShopEnv(
                 self.catalogue, self.search, instruction, self.max_steps, self.repeat_ends
             )
