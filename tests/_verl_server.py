@@ -15,6 +15,7 @@ calls kept in a dict: the two parts of a veRL run that cannot run here as they a
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ class HFReplica:
         video_data: Any = None,
         **_: Any,
     ) -> TokenOutput:
+        await asyncio.sleep(0)  # a real server's answer comes later: other sessions go on
         params = dict(sampling_params)
         self.calls.append({"request_id": request_id, "params": dict(params)})
         room = self.llm.max_context_tokens - len(prompt_ids)

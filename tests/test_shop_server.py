@@ -23,7 +23,11 @@ from hypothesis import strategies as st
 
 from memsearcher.agent.environments.shop import SEP, ShopEnv, ShopSearch, solve
 from memsearcher.agent.environments.shop_world import Catalogue, ShopConfig, generate_catalogue
-from memsearcher.agent.environments.webshop_client import WebShopHTTPEnv, read_page
+from memsearcher.agent.environments.webshop_client import (
+    WebShopHTTPEnv,
+    episode_session,
+    read_page,
+)
 from memsearcher.errors import MemSearcherError
 
 SEED, FAMILIES = 0, 2
@@ -145,6 +149,21 @@ def what(action: str, info: dict[str, object], reward: float, env: ShopEnv) -> s
     if kind == "search" or argument in ("next >", "< prev", "back to search"):
         return kind if kind == "search" else argument
     return "product" if argument.upper() in env.products else "option"
+
+
+def test_an_episode_session_of_its_own_shops_for_the_same_goal(
+    server: str, catalogue: Catalogue
+) -> None:
+    """WebShop's rule, which `WebShopEnvironment` relies on to keep a group's episodes apart:
+    any id with ``fixed`` in it names the goal after its last ``_``."""
+    tests = catalogue.split("test")
+    sessions = {episode_session("fixed_2") for _ in range(3)}
+    assert len(sessions) == 3 and all(s.startswith("fixed-") for s in sessions)
+    for session in sessions:
+        remote = WebShopHTTPEnv(server, session)
+        remote.reset()
+        assert remote.instruction_text == tests[2].text
+    assert episode_session("abc") == "abc"  # not a fixed goal: as it is
 
 
 def test_bad_sessions_raise_a_clear_error(server: str, catalogue: Catalogue) -> None:
@@ -301,3 +320,16 @@ def test_read_page_reads_webshops_search_and_done_pages() -> None:
         "http://h:3000/done/abc/B01/x",
     )
     assert done.values == {"asin": "B01", "options": '{"size": "M"}', "reward": "0.75"}
+    # WebShop's own done page leaves its purchased-asin <h4> open (closed by a stray </p>),
+    # and shows the target's asin and goal in <pre>s after it, in the hidden div
+    done = read_page(
+        '<div style="display:none"><h4 id="asin">asin<pre>B01</pre></p>'
+        '<h4 id="options">options<pre>{"size": "M"}</pre></h4>'
+        '<h4 id="purchased-query">query<pre>shirt</pre></h4>'
+        '<h4 id="goal-asin">asin<pre>B02</pre></p>'
+        "<h4>Goal <div id=\"goal\"><pre>{'asin': 'B02'}</pre></div></h4></div>"
+        '<h3 id="reward">Your score (min 0.0, max 1.0)<pre>0.5</pre></h3>'
+        '<h4 hidden>Reward Details <div id="reward_info"><pre>{}</pre></div></h4>',
+        "http://h:3000/done/abc/B01/x",
+    )
+    assert done.values == {"asin": "B01", "options": '{"size": "M"}', "reward": "0.5"}

@@ -305,6 +305,7 @@ WEBSHOP = ["environment=webshop", "reward=environment", "webshop_url=http://127.
         ([*WEBSHOP, "data=q.jsonl"], "data must be empty with environment: webshop"),
         ([*WEBSHOP, "retriever=http://x"], "retriever must be null with environment: webshop"),
         ([*WEBSHOP, "shop_ids_from=3"], "shop_ids_from must be null unless environment: shop"),
+        ([*WEBSHOP, "webshop_goals=[9,3]"], "webshop_goals must be [A, B] with 0 <= A < B"),
     ],
 )
 def test_each_environment_takes_only_what_it_can_use(overrides: list[str], message: str) -> None:

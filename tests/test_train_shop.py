@@ -222,7 +222,7 @@ def test_grpo_trains_on_a_webshop_servers_reward(
     the one the local shop gives for its actions; a group's episodes browse one server session
     side by side, and each oracle among them buys with reward 1."""
     out = tmp_path / "out"
-    overrides = ["environment=webshop", f"webshop_url={webshop}", "webshop_sessions=0:4"]
+    overrides = ["environment=webshop", f"webshop_url={webshop}", "webshop_goals=[0,4]"]
     train_grpo(shop_config(tiny, out, *overrides))
     assert latest_checkpoint(out) == out / "step-1"
     rl = catalogue.split("rl")

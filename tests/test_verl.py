@@ -26,11 +26,13 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,13 +42,22 @@ pytest.importorskip("verl", reason="needs pip install 'memsearcher[verl]'")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from _policies import search_once_then_answer  # noqa: E402
+from _policies import follow_plans, search_once_then_answer  # noqa: E402
 from _servers import free_port, running  # noqa: E402
 from _verl_server import HFReplica, LocalServerClient, MemoryTQ  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
 from tiny_model import save_thinking_model, save_tiny_model  # noqa: E402
 
 from memsearcher.agent import AGENTS, AgentConfig, Templates, run_lockstep, start_episodes  # noqa: E402
+from memsearcher.agent.environments.shop import (  # noqa: E402
+    ShopEnv,
+    ShopEnvironment,
+    ShopSearch,
+    instruction_example,
+    solve,
+)
+from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue  # noqa: E402
+from memsearcher.agent.shop_agents import start_shop_episodes  # noqa: E402
 from memsearcher.cli import main as cli  # noqa: E402
 from memsearcher.errors import MemSearcherError  # noqa: E402
 from memsearcher.integrations.verl import check_trainer_config  # noqa: E402
@@ -159,7 +170,7 @@ def agent_loops(folder: Path, templates: Path, retriever: str | None) -> Path:
     return path
 
 
-def verl_config(model: Path, loops: Path, *overrides: str) -> Any:
+def verl_config(model: Path, loops: Path, *overrides: str, length: int = 1024) -> Any:
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(
             config_name="ppo_trainer",
@@ -168,8 +179,8 @@ def verl_config(model: Path, loops: Path, *overrides: str) -> Any:
                 "actor_rollout_ref.rollout.name=vllm",
                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
                 "algorithm.adv_estimator=grpo",
-                "data.max_prompt_length=1024",
-                "data.max_response_length=1024",
+                f"data.max_prompt_length={length}",
+                f"data.max_response_length={length}",
                 *overrides,
             ],
         )
@@ -230,8 +241,9 @@ def write_templates(folder: Path) -> Path:
     return path
 
 
-def test_shipped_agent_loops_cover_every_agent() -> None:
-    entries = yaml.safe_load(SHIPPED_LOOPS.read_text())
+@pytest.mark.parametrize("loops", ["agent_loop.yaml", "agent_loop_shop.yaml"])
+def test_shipped_agent_loops_cover_every_agent(loops: str) -> None:
+    entries = yaml.safe_load((ROOT / "configs" / "verl" / loops).read_text())
     names = {entry["name"] for entry in entries}
     assert set(AGENTS) <= names, f"configs/verl/agent_loop.yaml lacks {set(AGENTS) - names}"
     for entry in entries:
@@ -365,6 +377,69 @@ def test_group_advantages_reach_every_turn_row(
     assert nonzero and multi_row and masked, (nonzero, multi_row, masked)
 
 
+SHOP_LOOPS = ROOT / "configs" / "verl" / "agent_loop_shop.yaml"
+SHOP = ShopConfig(seed=0, families_per_category=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+def test_shop_rows_equal_the_lockstep_driver(agent: str, store: MemoryTQ, tmp_path: Path) -> None:
+    """The shipped shop loops (configs/verl/agent_loop_shop.yaml) on the generated shop's test
+    instructions, two sessions each, with a scripted shopper playing the oracle's plans: every
+    session's rows are, token for token, the sequences the lockstep driver makes in the same
+    shop, pages under mask 0 (MEM1's in the next prompt), and the reward is the shop's, 1 for
+    each purchase; the two sessions of one instruction never meet."""
+    from transformers import AutoTokenizer
+
+    model = save_tiny_model(tmp_path / "tiny")  # its tokenizer and context; the shopper writes
+    catalogue = generate_catalogue(SHOP)
+    test = catalogue.split("test")
+    search = ShopSearch(catalogue.products)
+    plans = {i.text: solve(ShopEnv(catalogue, search, i)) for i in test}
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(model))
+    shopper = ScriptedLLM(tokenizer, follow_plans(plans), max_context_tokens=4096)
+    # the replica answers with the shopper's text, and the tiny model's log-probs of it
+    replica_model = SimpleNamespace(
+        generate=shopper.generate, max_context_tokens=4096,
+        model=HFModel.from_pretrained(str(model), device="cpu").model,
+    )  # fmt: skip
+    entries = yaml.safe_load(SHOP_LOOPS.read_text())
+    for entry in entries:
+        entry["shop"] = {"seed": SHOP.seed, "families_per_category": SHOP.families_per_category}
+        entry["agent_config"] = {"max_turns": 15, "memory_tokens": 32, "max_new_tokens": 48}
+    loops = tmp_path / "agent_loop_shop.yaml"
+    loops.write_text(yaml.safe_dump(entries))
+    parquet = tmp_path / "shop.parquet"
+    args = ["verl", "prepare", "--env", "shop", "--shop-families", "1", "--shop-split", "test"]
+    assert cli([*args, "--agent", agent, "--out", str(parquet)]) == 0
+    config = verl_config(
+        model, loops, "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0",
+        length=8192,
+    )  # fmt: skip
+    rollout(config, replica_model, parquet)
+
+    settings = AgentConfig(max_turns=15, memory_tokens=32, max_new_tokens=48)
+    episodes = start_shop_episodes(agent, [instruction_example(i) for i in test], tokenizer,
+                                   settings, None, 4096)  # fmt: skip
+    trajectories = run_lockstep(episodes, shopper, ShopEnvironment(catalogue, search),
+                                SamplingParams())  # fmt: skip
+    expected = {t.example.id: t for t in trajectories}
+    assert [t.environment_reward for t in trajectories] == [1.0] * len(test)
+    found = sessions(store)
+    assert len(found) == 2 * len(test)
+    for keys in found.values():
+        rows = [store.rows[k] for k in keys]
+        trajectory = expected[rows[0]["extra_info"]["id"]]
+        assert len(rows) == len(trajectory.sequences)
+        for row, sequence in zip(rows, trajectory.sequences, strict=True):
+            assert row["prompts"].tolist() == list(sequence.prompt_ids)
+            assert row["responses"].tolist() == list(sequence.response_ids)
+            assert row["response_mask"].tolist() == list(sequence.loss_mask)
+            assert row["rm_scores"][-1].item() == 1.0
+        masks = [m for row in rows for m in row["response_mask"].tolist()]
+        assert (0 in masks) == (agent != "mem1")  # pages are tool tokens; MEM1's open prompts
+
+
 @pytest.mark.slow
 def test_apply_chat_template_kwargs_reach_the_rows(store: MemoryTQ, tmp_path: Path) -> None:
     """veRL's ``data.apply_chat_template_kwargs`` render every turn's prompt, as veRL's own
@@ -456,6 +531,22 @@ def test_the_loop_refuses_to_be_built_with_another_estimator(tmp_path: Path) -> 
     with pytest.raises(Exception, match="only grpo is supported") as caught:
         build("algorithm.adv_estimator=reinforce_plus_plus")
     assert "independent sample" in str(caught.value)
+
+    shop = OmegaConf.load(ROOT / "configs" / "verl" / "agent_loop_shop.yaml")[1]
+    entry = OmegaConf.merge(shop, {"shop": {"families_per_category": 1}})
+    assert build().open_shop is not None  # the control: the shipped shop entry builds
+    for change, needle in [
+        ({"reward": "graded"}, "reward: 'graded' with environment shop: use environment"),
+        ({"retriever": "http://127.0.0.1:8000"}, "environment shop takes no retriever"),
+        ({"environment": "webshop"}, "environment: webshop needs webshop_url"),
+        ({"environment": "search", "reward": "graded"}, "environment search takes no shop"),
+        ({"environment": "mall"}, "unknown environment 'mall'"),
+    ]:
+        entry = OmegaConf.merge(shop, {"shop": {"families_per_category": 1}}, change)
+        if change.get("environment") == "webshop":
+            entry.pop("shop")
+        with pytest.raises(Exception, match=re.escape(needle)):  # in hydra's wrapping
+            build()
 
 
 @pytest.mark.slow

@@ -72,6 +72,37 @@ def test_prepare_writes_one_verl_row_per_question(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_prepare_writes_a_row_per_shop_instruction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--env shop``: the instructions of the generated shop's split, their target as the
+    gold; the rows read back as the tasks the shop's episodes start from."""
+    import pyarrow.parquet as pq
+
+    from memsearcher.agent.environments.shop import instruction_example
+    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+
+    out = tmp_path / "shop.parquet"
+    argv = ["verl", "prepare", "--env", "shop", "--shop-seed", "2", "--shop-families", "1"]
+    assert cli([*argv, "--shop-split", "rl+test", "--agent", "mem1", "--out", str(out)]) == 0
+    catalogue = generate_catalogue(ShopConfig(seed=2, families_per_category=1))
+    tasks = [instruction_example(i) for s in ("rl", "test") for i in catalogue.split(s)]
+    rows = pq.read_table(out).to_pylist()
+    assert [r["data_source"] for r in rows] == ["shop"] * len(tasks)
+    read = [example_from_row(row, needs_gold=False) for row in rows]
+    assert [(e.id, e.question, e.golden_answers) for e in read] == [
+        (t.id, t.question, t.golden_answers) for t in tasks
+    ]
+    assert cli([*argv, "--data", "q.jsonl", "--out", str(tmp_path / "x.parquet")]) == 2
+    assert "--data is for --env search" in capsys.readouterr().err
+    assert cli(["verl", "prepare", "--env", "webshop", "--out", str(tmp_path / "y.parquet")]) == 2
+    assert "--env webshop needs --webshop-url" in capsys.readouterr().err
+    row = {**rows[0], "extra_info": {**rows[0]["extra_info"], "golden_answers": []}}
+    assert example_from_row(row, needs_gold=False).golden_answers == ()  # a WebShop session
+    with pytest.raises(MemSearcherError, match="at least one golden answer"):
+        example_from_row(row)
+
+
 def test_prepare_rejects_an_unknown_agent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,7 @@ a function that starts each agent's episodes in it) and an entry here (docs/arch
 - ``shop``: the instructions of one split of the generated shop (``shop``), or of several
   joined by ``+`` (``shop_split``, e.g. ``train+rl``), acted on in `ShopEnvironment`, rewarded
   by the shop at Buy Now.
-- ``webshop``: the sessions of a WebShop server (``webshop_url``, ``webshop_sessions``), acted
+- ``webshop``: the goals of a WebShop server (``webshop_url``, ``webshop_goals``), acted
   on over HTTP in `WebShopEnvironment`, rewarded by the server at Buy Now.
 """
 
@@ -25,8 +25,13 @@ from memsearcher.agent import start_episodes
 from memsearcher.agent.base import AgentConfig, Episode
 from memsearcher.agent.environments import Environment
 from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
-from memsearcher.agent.environments.shop_world import ShopConfig, deal_ids, generate_catalogue
-from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
+from memsearcher.agent.environments.shop_world import (
+    Catalogue,
+    ShopConfig,
+    deal_ids,
+    generate_catalogue,
+)
+from memsearcher.agent.environments.webshop_client import WebShopEnvironment, fixed_sessions
 from memsearcher.agent.prompts import Templates
 from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.data.flashrag import read_examples
@@ -36,7 +41,7 @@ from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample
 
-__all__ = ["ENVIRONMENTS", "EnvironmentKind", "Opened", "environment_kind"]
+__all__ = ["ENVIRONMENTS", "EnvironmentKind", "Opened", "environment_kind", "shop_catalogue"]
 
 StartEpisodes = Callable[
     [str, Sequence[QAExample], Tokenizer, AgentConfig | None, Any, int | None],
@@ -86,15 +91,21 @@ def open_search(settings: SearchSettings) -> Opened:
     return questions, open_retriever(settings.retriever, settings.retriever_cache)
 
 
+def shop_catalogue(shop: ShopConfig, ids_from: int | None = None) -> Catalogue:
+    """The shop ``shop`` generates; with ``ids_from``, its products under the ids of the shop
+    of that seed, dealt by its own seed."""
+    catalogue = generate_catalogue(shop)
+    if ids_from is not None:
+        owner = generate_catalogue(replace(shop, seed=ids_from))
+        catalogue = deal_ids(catalogue, [product.asin for product in owner.products], shop.seed)
+    return catalogue
+
+
 def open_shop(settings: ShopSettings) -> Opened:
     """The instructions of ``shop_split`` (one split, or several joined by ``+``) of the shop
     ``shop`` generates, in sessions of that shop over its own BM25; with ``shop_ids_from``, its
-    products under the ids of the shop of that seed, dealt by the trained shop's seed."""
-    catalogue = generate_catalogue(settings.shop)
-    if settings.shop_ids_from is not None:
-        owner = generate_catalogue(replace(settings.shop, seed=settings.shop_ids_from))
-        ids = [product.asin for product in owner.products]
-        catalogue = deal_ids(catalogue, ids, seed=settings.shop.seed)
+    products under the ids of the shop of that seed (`shop_catalogue`)."""
+    catalogue = shop_catalogue(settings.shop, settings.shop_ids_from)
     splits = settings.shop_split.split("+")
     questions = [instruction_example(i) for s in splits for i in catalogue.split(s)]
     if not questions:
@@ -107,14 +118,14 @@ def open_shop(settings: ShopSettings) -> Opened:
 
 class WebShopSettings(Protocol):
     webshop_url: str
-    webshop_sessions: str
+    webshop_goals: tuple[int, int]
 
 
 def open_webshop(settings: WebShopSettings) -> Opened:
-    """The sessions ``webshop_sessions`` of the WebShop server at ``webshop_url``, each read
-    once for its instruction."""
+    """The goals ``webshop_goals`` (``[A, B)``) of the WebShop server at ``webshop_url``, each
+    read once for its instruction."""
     environment = WebShopEnvironment(settings.webshop_url)
-    return environment.examples(session_range(settings.webshop_sessions)), environment
+    return environment.examples(fixed_sessions(*settings.webshop_goals)), environment
 
 
 ENVIRONMENTS: dict[str, EnvironmentKind] = {

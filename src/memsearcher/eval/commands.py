@@ -6,6 +6,7 @@ Heavy imports stay inside the handlers so that ``memsearcher --help`` stays fast
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -160,14 +161,6 @@ def run_shop_eval(args: argparse.Namespace) -> int:
     """``eval --env shop``: every instruction of a split of the generated shop, in its pages,
     into the same run folder layout (``OUT/shop-<split>/predictions.jsonl``, summary.json);
     ``eval --env webshop``: the sessions of a WebShop server (``OUT/webshop/``)."""
-    from memsearcher.agent.environments import Environment
-    from memsearcher.agent.environments.shop import (
-        ShopEnvironment,
-        ShopSearch,
-        instruction_example,
-    )
-    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
-    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
     from memsearcher.agent.prompts import read_templates
     from memsearcher.agent.shop_agents import ShopTemplates
     from memsearcher.errors import MemSearcherError
@@ -191,31 +184,18 @@ def run_shop_eval(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "served_model": args.served_model,
     }
-    environment: Environment[Any, Any]
-    if env == "webshop":
-        if not args.webshop_url:
-            raise MemSearcherError("eval --env webshop needs --webshop-url")
-        name = "webshop"
-        environment = webshop = WebShopEnvironment(args.webshop_url)
-        examples = webshop.examples(session_range(args.sessions)[: args.limit])
-        info["webshop"] = {"url": args.webshop_url, "sessions": args.sessions}
-    else:
-        name = f"shop-{args.split}"
-        sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
-        catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
-        examples = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
-        environment = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
-        info["shop"] = {"seed": args.shop_seed, **sizes, "split": args.split}
-    llm = open_llm(args)
-    if args.templates:  # absent otherwise, so earlier runs still resume
-        info["templates"] = args.templates
-    if args.chat_template_kwargs:
-        info["chat_template_kwargs"] = args.chat_template_kwargs
-    summary = run_eval(
-        {name: examples}, llm, environment, config, args.out, templates, info, not args.no_progress
-    )
-    if env == "webshop":
-        webshop.close()
+    with contextlib.ExitStack() as closing:
+        name, examples, environment, where = _shop_tasks(args, closing)
+        info.update(where)
+        llm = open_llm(args)
+        if args.templates:  # absent otherwise, so earlier runs still resume
+            info["templates"] = args.templates
+        if args.chat_template_kwargs:
+            info["chat_template_kwargs"] = args.chat_template_kwargs
+        summary = run_eval(
+            {name: examples}, llm, environment, config, args.out, templates, info,
+            not args.no_progress,
+        )  # fmt: skip
     shop = summary["datasets"][name].get("shop")
     if shop is not None:
         long = shop["peak_prompt_tokens_long"]
@@ -228,6 +208,36 @@ def run_shop_eval(args: argparse.Namespace) -> int:
         )
     print(f"predictions and summary.json in {args.out}", file=sys.stderr)
     return 0
+
+
+def _shop_tasks(
+    args: argparse.Namespace, closing: contextlib.ExitStack
+) -> tuple[str, list[Any], Any, dict[str, Any]]:
+    """``eval --env shop`` or ``webshop``: the dataset's name, its tasks, the environment
+    they act in, and the settings that name them; a server's connections close with
+    ``closing``."""
+    from memsearcher.agent.environments.shop import (
+        ShopEnvironment,
+        ShopSearch,
+        instruction_example,
+    )
+    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
+    from memsearcher.errors import MemSearcherError
+
+    if args.env == "webshop":
+        if not args.webshop_url:
+            raise MemSearcherError("eval --env webshop needs --webshop-url")
+        server = closing.enter_context(WebShopEnvironment(args.webshop_url))
+        tasks = server.examples(session_range(args.sessions)[: args.limit])
+        return "webshop", tasks, server, {"webshop": {"url": args.webshop_url,
+                                                      "sessions": args.sessions}}  # fmt: skip
+    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
+    catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
+    tasks = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
+    shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
+    return f"shop-{args.split}", tasks, shop, {"shop": {"seed": args.shop_seed, **sizes,
+                                                        "split": args.split}}  # fmt: skip
 
 
 def run_report_command(args: argparse.Namespace) -> int:

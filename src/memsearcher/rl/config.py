@@ -162,7 +162,7 @@ class GRPOConfig:
     environment: str = "search"
     """search: the questions of ``data`` over ``retriever``; shop: the instructions of the
     generated shop (``shop``, ``shop_split``) in its pages, with reward: environment; webshop:
-    the sessions ``webshop_sessions`` of the WebShop server at ``webshop_url``, the same way."""
+    the goals ``webshop_goals`` of the WebShop server at ``webshop_url``, the same way."""
     shop_split: str = "rl"
     """The shop's instructions to train on (environment: shop): train, rl or test, or several
     joined by ``+`` (``train+rl``: the demo's SFT never sees the tested shop's train split)."""
@@ -178,10 +178,10 @@ class GRPOConfig:
     webshop_url: str | None = None
     """environment: webshop: the server, princeton-nlp's WebShop or ours (``python -m
     memsearcher.agent.environments.shop_server``), e.g. http://127.0.0.1:3000."""
-    webshop_sessions: str = "1500:12087"
-    """environment: webshop: the sessions ``fixed_A`` .. ``fixed_{B-1}`` as ``A:B``; WebShop
-    keeps goals 0-499 for test and 500-1499 for validation, the rest (its 12,087) for
-    training."""
+    webshop_goals: tuple[int, int] = (1500, 12087)
+    """environment: webshop: the goals A .. B-1 as ``[A, B]`` (sessions ``fixed_A`` ..
+    ``fixed_{B-1}``); of WebShop's 12,087 goals, 0-499 are its test split, 500-1499
+    validation, and 1500-12086 (10,587) training."""
     retriever: str | None = None
     """None: the embedded BM25; an http(s) URL: a retrieval server; else an index folder."""
     retriever_cache: int = DEFAULT_CACHE_SIZE
@@ -429,6 +429,9 @@ def _check_environment(config: GRPOConfig) -> None:
         splits = config.shop_split.split("+")
         known = set(splits) <= set(SPLITS) and len(set(splits)) == len(splits)
         require(config, "shop_split", known, f"one of {list(SPLITS)}, or several joined by +")
+    if name == "webshop":
+        first, end = config.webshop_goals
+        require(config, "webshop_goals", 0 <= first < end, "[A, B] with 0 <= A < B")
     rule = f"empty with environment: {name} (the shop brings its instructions)"
     require(config, "data", not config.data, rule)
     rule = f"null with environment: {name} (the shop searches its own products)"

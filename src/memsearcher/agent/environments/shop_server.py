@@ -12,7 +12,8 @@ WebShop's Flask app (``web_agent_site/app.py``) serves these routes, and so does
 ``options`` a dict literal of option name -> value (WebShop writes them with ``url_for``, which
 puts ``str(list)`` and ``str(dict)`` in the path; both are read back with
 ``ast.literal_eval``). A session is ``fixed_<index>``, as in WebShop, indexing the instructions
-served; WebShop gives any other session a random goal, this server answers 404.
+served (or, by WebShop's rule, any id with ``fixed`` in it and the index after its last ``_``:
+``fixed-a1b2_3``); WebShop gives any other session a random goal, this server answers 404.
 
 The HTML carries exactly what WebShop's envs read off a page (``web_agent_text_env.py``,
 ``web_agent_site_env.py``): the instruction in ``#instruction-text h4``, the search box
@@ -64,7 +65,9 @@ MAX_FORM_BYTES = 16 << 10
 """Largest search form body; WebShop's search box holds one line of keywords."""
 MAX_LITERAL_CHARS = 4096
 """Longest ``keywords`` or ``options`` path segment read with ``literal_eval``."""
-_SESSION = re.compile(r"fixed_(\d{1,9})")
+_SESSION = re.compile(r"[\w-]{0,64}fixed[\w-]{0,64}_(\d{1,9})")
+"""WebShop's rule: an id with ``fixed`` in it and a number after its last ``_`` names that
+goal (``fixed_3``, and ``fixed-a1b2_3`` for an episode of its own: `episode_session`)."""
 
 
 def page_url(session: str, state: PageState) -> str:

@@ -45,6 +45,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -71,6 +73,8 @@ __all__ = [
     "WebPage",
     "WebShopEnvironment",
     "WebShopHTTPEnv",
+    "episode_session",
+    "fixed_sessions",
     "read_page",
     "session_range",
 ]
@@ -156,12 +160,13 @@ class _Reader(HTMLParser):
         self.page.texts.append(text)
         for _, _, buffer in self.open:
             buffer.append(text)
-        ids = {a.get("id", "") for _, a in self.stack}
+        ids = [a["id"] for _, a in self.stack if a.get("id")]
         if "instruction-text" in ids:
             self.page.instruction.append(text)
-        if parent == "pre":
-            for name in ids & _PRE_IDS:
-                self.page.values[name] = text
+        # a <pre> holds the value of the nearest element with an id around it (WebShop's done
+        # page leaves its asin <h4> open, around the target's <pre>s that follow)
+        if parent == "pre" and ids and ids[-1] in _PRE_IDS:
+            self.page.values.setdefault(ids[-1], text)
 
     def _url(self, link: str) -> str:
         return urljoin(self.page.url, link)
@@ -179,8 +184,8 @@ def read_page(html: str, url: str) -> WebPage:
 class WebShopHTTPEnv:
     """One episode on a WebShop server at ``base_url``, in session ``session`` (``fixed_<i>``,
     or ``i``): ``reset()``, then ``step(action)`` until done; the API of ``ShopEnv``. A
-    ``client`` passed in must follow redirects (a search is answered with one); a ``with``
-    block closes the env's connections."""
+    ``client`` passed in must follow redirects (a search is answered with one) and stays
+    open; a ``with`` block closes the env's own connections."""
 
     def __init__(
         self,
@@ -194,6 +199,7 @@ class WebShopHTTPEnv:
         self.session = f"fixed_{session}" if isinstance(session, int) else session
         self.max_steps = max_steps
         self._httpx = _import_httpx()
+        self.owns_client = client is None
         self.http = client or self._httpx.Client(timeout=timeout, follow_redirects=True)
         self.page = WebPage(self.base_url)
         self.instruction_text = ""
@@ -201,7 +207,8 @@ class WebShopHTTPEnv:
         self.done = False
 
     def close(self) -> None:
-        self.http.close()
+        if self.owns_client:
+            self.http.close()
 
     def __enter__(self) -> WebShopHTTPEnv:
         return self
@@ -316,22 +323,31 @@ def _detail(response: httpx.Response) -> str:
 
 class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
     """A WebShop server behind the environment protocol, as `ShopEnvironment` puts our shop:
-    the empty action opens a `WebShopHTTPEnv` on the session its `ShopAction` names (the part
-    before a ``#``, so the episodes of a GRPO group each browse on their own: both servers
-    keep a session's goal only, and a page's state lives in its URL), then each action steps
-    it; an episode's env is dropped when it ends. All share one connection pool (``with``
-    closes it). The lockstep driver's actions run one after another; the async driver's each
-    in a thread of its own, so the server sees as many at once as episodes are in flight. A
-    session the server refuses is refused for its episode alone; a server that cannot be
-    reached stops the run (`MemSearcherError`)."""
+    the empty action opens a `WebShopHTTPEnv` for the goal of the session its `ShopAction`
+    names (the part before a ``#``), in a server session of the episode's own
+    (`episode_session`), then each action steps it; an episode's env is dropped when it ends.
+    All share one connection pool, its own or ``client`` (which must follow redirects and
+    stays open: ``with`` closes only its own). The lockstep driver's actions run one after
+    another; the async driver's in the event loop's thread pool, several at once. A session
+    the server refuses is refused for its episode alone; a server that cannot be reached
+    raises `MemSearcherError` (eval records the episodes as failed, to run again on a rerun;
+    training stops)."""
 
-    def __init__(self, base_url: str, max_steps: int = 15, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        max_steps: int = 15,
+        timeout: float = 30.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.base_url, self.max_steps = base_url, max_steps
-        self.http = _import_httpx().Client(timeout=timeout, follow_redirects=True)
+        self.owns_client = client is None
+        self.http = client or _import_httpx().Client(timeout=timeout, follow_redirects=True)
         self.sessions: dict[str, WebShopHTTPEnv] = {}
 
     def close(self) -> None:
-        self.http.close()
+        if self.owns_client:
+            self.http.close()
 
     def __enter__(self) -> WebShopEnvironment:
         return self
@@ -347,9 +363,8 @@ class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAct
 
     def _act(self, action: ShopAction) -> Page | ActionRefused:
         if not action.text:
-            env = WebShopHTTPEnv(
-                self.base_url, action.session.partition("#")[0], self.max_steps, client=self.http
-            )
+            session = episode_session(action.session.partition("#")[0])
+            env = WebShopHTTPEnv(self.base_url, session, self.max_steps, client=self.http)
             try:
                 text = env.reset()
             except _Refused as refused:
@@ -380,6 +395,20 @@ class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAct
         return tasks
 
 
+_FIXED = re.compile(r"fixed_(\d{1,9})")
+
+
+def episode_session(name: str) -> str:
+    """The server session an episode opens for the goal of session ``name``: ``fixed_<i>``
+    becomes ``fixed-<random>_<i>``, a session of its own for the same goal (WebShop's
+    ``app.py`` gives any id that contains ``fixed`` the goal ``int(id.split('_')[-1])``, and
+    our server does the same), so that episodes of one goal in flight at once, a GRPO group's,
+    never share one: two purchases at once in one WebShop session can fail (its ``done``
+    deletes the session's logger). Any other name is used as it is."""
+    match = _FIXED.fullmatch(name)
+    return f"fixed-{uuid.uuid4().hex[:12]}_{match.group(1)}" if match else name
+
+
 def session_range(text: str) -> list[str]:
     """``"A:B"`` -> the sessions ``fixed_A`` .. ``fixed_{B-1}`` (WebShop's usual test split
     is ``0:500``)."""
@@ -390,4 +419,9 @@ def session_range(text: str) -> list[str]:
         a = b = -1
     if not colon or not 0 <= a < b:
         raise MemSearcherError(f"sessions {text!r}: give A:B, with 0 <= A < B (e.g. 0:500)")
-    return [f"fixed_{i}" for i in range(a, b)]
+    return fixed_sessions(a, b)
+
+
+def fixed_sessions(first: int, end: int) -> list[str]:
+    """The sessions of WebShop's goals ``first`` .. ``end - 1``."""
+    return [f"fixed_{i}" for i in range(first, end)]

@@ -5,10 +5,12 @@ instantiate`` with its wrappers) inside each ``AgentLoopWorker``, and awaits ``r
 The loop starts one of our episodes (any agent in ``memsearcher.agent.AGENTS``) and drives it
 with the same protocol loop as our async driver (``agent.async_driver.drive``): generations go
 to veRL's ``server_manager.generate`` (token ids in, ``TokenOutput`` out: vLLM or SGLang with
-weight sync), searches to our retrieval server over HTTP or to an in-process index. Prompts,
-parsing and loss masks are the episode's own. It returns one ``AgentLoopOutput`` per turn
-sequence (``outputs.turn_rows``), the last carrying our graded reward, so veRL skips its own
-reward step and its multi-trajectory GRPO broadcasts each trajectory's advantage to its rows.
+weight sync), actions to the environment (``agent.tasks.ENVIRONMENTS``): searches to our
+retrieval server over HTTP or to an in-process index; the shop's actions to the generated shop
+in process, or to a WebShop server. Prompts, parsing and loss masks are the episode's own. It
+returns one ``AgentLoopOutput`` per turn sequence (``outputs.turn_rows``), the last carrying
+our reward (the graded one, or the shop's), so veRL skips its own reward step and its
+multi-trajectory GRPO broadcasts each trajectory's advantage to its rows.
 
 Things that live as long as the worker process (the index, the HTTP client, the tokenizer
 wrapper) are made once and shared by every loop object; per event loop where they must be.
@@ -31,10 +33,18 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
 )
 
-from memsearcher.agent import AgentConfig, Generate, Search, load_templates, start_episodes
+from memsearcher.agent import AgentConfig, Generate
 from memsearcher.agent.async_driver import drive
 from memsearcher.agent.base import check_trainable
-from memsearcher.agent.environments import BatchedSearch, DirectSearch, Observation
+from memsearcher.agent.environments import (
+    Action,
+    AsyncEnvironment,
+    BatchedSearch,
+    DirectSearch,
+    Observation,
+)
+from memsearcher.agent.prompts import read_templates
+from memsearcher.agent.tasks import environment_kind
 from memsearcher.errors import MemSearcherError
 from memsearcher.integrations.verl.checks import check_trainer_config
 from memsearcher.integrations.verl.data import example_from_row
@@ -47,7 +57,8 @@ __all__ = ["MemSearcherAgentLoop"]
 
 logger = logging.getLogger(__name__)
 
-SearchFn = Callable[[Search], Awaitable[Observation]]
+ActFn = Callable[[Any], Awaitable[Any]]
+"""An environment's ``act_one``: an action in, its observation out (`drive`'s ``act``)."""
 
 _PROCESS: dict[Any, Any] = {}
 """Made once per worker process: indexes, tokenizer wrappers, context limits."""
@@ -110,13 +121,13 @@ def _max_context(rollout: Any, model_path: str) -> int | None:
     return limit
 
 
-def _searcher(spec: str | None) -> SearchFn:
+def _searcher(spec: str | None) -> ActFn:
     """Search through a retrieval server (an ``http(s)://`` URL: every worker on every node
     shares it, and it batches) or an index opened once per process (an index folder, or None
     for the embedded BM25), whose searches are merged into batches on one worker thread."""
     per_loop = _PER_LOOP.setdefault(asyncio.get_running_loop(), {})
     if spec in per_loop:
-        search: SearchFn = per_loop[spec]
+        search: ActFn = per_loop[spec]
         return search
     if spec is not None and spec.startswith(("http://", "https://")):
         from memsearcher.retrieval.client import AsyncHTTPRetriever
@@ -130,6 +141,42 @@ def _searcher(spec: str | None) -> SearchFn:
         search = batcher.act_one
     per_loop[spec] = search
     return search
+
+
+def _shop_opener(
+    environment: str,
+    shop: Mapping[str, Any] | None,
+    ids_from: int | None,
+    repeat_ends: bool,
+    webshop_url: str | None,
+) -> Callable[[], AsyncEnvironment[Any, Any]]:
+    """A fresh shop environment for each trajectory, so that the sessions of the trajectories
+    in flight (a group's, of one instruction) are each their own; what they share is made once
+    per process: the generated catalogue and its search (``environment: shop``, ``shop`` being
+    `ShopConfig` fields, ``ids_from`` and ``repeat_ends`` GRPO's ``shop_ids_from`` and
+    ``shop_repeat_ends``), or the HTTP connections to ``webshop_url`` (``environment:
+    webshop``)."""
+    from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch
+    from memsearcher.agent.environments.shop_world import ShopConfig
+    from memsearcher.agent.environments.webshop_client import WebShopEnvironment
+    from memsearcher.agent.tasks import shop_catalogue
+
+    if environment == "webshop":
+        if not webshop_url:
+            raise MemSearcherError("environment: webshop needs webshop_url")
+        http = _once(("webshop", webshop_url), lambda: WebShopEnvironment(webshop_url).http)
+        return lambda: WebShopEnvironment(webshop_url, client=http)
+    try:
+        config = ShopConfig(**dict(shop or {}))
+    except (TypeError, ValueError) as error:
+        raise MemSearcherError(f"shop: {error}") from None
+
+    def make() -> tuple[Any, Any]:
+        catalogue = shop_catalogue(config, ids_from)
+        return catalogue, ShopSearch(catalogue.products)
+
+    catalogue, search = _once(("shop", repr(config), ids_from), make)
+    return lambda: ShopEnvironment(catalogue, search, repeat_ends=repeat_ends)
 
 
 def _agent_config(values: Mapping[str, Any] | None) -> AgentConfig:
@@ -202,17 +249,29 @@ class MemSearcherAgentLoop(AgentLoopBase):
 
     Args:
         agent: a key of ``memsearcher.agent.AGENTS`` (``memsearcher``, ``react``, ...).
-        retriever: a retrieval server URL, an index folder, or None for the embedded BM25.
+        environment: a key of ``memsearcher.agent.tasks.ENVIRONMENTS``: ``search`` (the
+            default), ``shop`` or ``webshop`` (configs/verl/agent_loop_shop.yaml).
+        retriever: search: a retrieval server URL, an index folder, or None for the embedded
+            BM25.
+        shop: shop: `ShopConfig` fields (``seed``, ``families_per_category``, ...).
+        shop_ids_from, shop_repeat_ends: shop: as the RL config's fields of those names.
+        webshop_url: webshop: the server.
         agent_config: ``AgentConfig`` fields (``max_turns``, ``memory_tokens``, ...).
-        templates: a YAML/JSON file overriding prompt templates, or None.
-        reward: a key of ``memsearcher.rl.rewards.REWARDS``.
+        templates: a YAML/JSON file overriding prompt templates (the environment's), or None.
+        reward: a key of ``memsearcher.rl.rewards.REWARDS``: ``environment`` for the shops,
+            an answer reward for search.
     """
 
     def __init__(
         self,
         *args: Any,
         agent: str = "memsearcher",
+        environment: str = "search",
         retriever: str | None = None,
+        shop: Mapping[str, Any] | None = None,
+        shop_ids_from: int | None = None,
+        shop_repeat_ends: bool = False,
+        webshop_url: str | None = None,
         agent_config: Mapping[str, Any] | None = None,
         templates: str | None = None,
         reward: str = "graded",
@@ -224,7 +283,25 @@ class MemSearcherAgentLoop(AgentLoopBase):
         self.agent = agent
         self.retriever = retriever
         self.agent_config = _agent_config(agent_config)
-        self.templates = _once(("templates", templates), lambda: load_templates(templates))
+        kind = environment_kind(environment)
+        if kind.own_reward != (reward == "environment"):
+            rule = "environment" if kind.own_reward else "an answer reward"
+            raise MemSearcherError(f"reward: {reward!r} with environment {environment}: use {rule}")
+        shops = {"shop": shop, "shop_ids_from": shop_ids_from, "webshop_url": webshop_url}
+        given = shops if environment == "search" else {"retriever": retriever}
+        stray = [key for key, value in given.items() if value is not None]
+        if stray:  # a setting the environment would ignore
+            raise MemSearcherError(f"environment {environment} takes no {', '.join(stray)}")
+        self.start_episodes = kind.start_episodes
+        self.open_shop = (
+            None
+            if environment == "search"
+            else _shop_opener(environment, shop, shop_ids_from, shop_repeat_ends, webshop_url)
+        )
+        self.templates = _once(
+            ("templates", environment, templates),
+            lambda: read_templates(templates, kind.templates),
+        )
         try:
             self.reward = get_reward(reward)
         except ValueError as error:
@@ -238,29 +315,31 @@ class MemSearcherAgentLoop(AgentLoopBase):
     async def run(  # type: ignore[override, unused-ignore]
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> list[AgentLoopOutput]:
-        example = example_from_row(kwargs)
-        episode = start_episodes(
+        example = example_from_row(kwargs, needs_gold=self.open_shop is None)
+        episode = self.start_episodes(
             self.agent, [example], self.agent_tokenizer, self.agent_config, self.templates,
             self.max_context,
         )[0]  # fmt: skip
         extra = {"priority": int(kwargs["priority"])} if "priority" in kwargs else {}
         generate = _Generations(self.server_manager, sampling_params, self.agent_tokenizer, extra)
-        search_once, searching = _searcher(self.retriever), [0.0]
+        # a shop's environment is the trajectory's own; a search backend, the worker's
+        act_once = _searcher(self.retriever) if self.open_shop is None else self.open_shop().act_one
+        acting = [0.0]
 
-        async def search(request: Search) -> Observation:
+        async def act(action: Action) -> Observation:
             start = time.perf_counter()
             try:
-                return await search_once(request)
+                return await act_once(action)
             finally:
-                searching[0] += time.perf_counter() - start
+                acting[0] += time.perf_counter() - start
 
-        trajectory = await drive(episode, generate, search)
+        trajectory = await drive(episode, generate, act)
         rows = turn_rows(trajectory, generate.logprobs, self.reward, extra=generate.fields)
         outputs = [AgentLoopOutput(**row, metrics=AgentLoopMetrics()) for row in rows]
         # the trajectory's times go on its last row, so that sums over rows stay right
         outputs[-1].metrics = AgentLoopMetrics(
             generate_sequences=generate.seconds,
-            tool_calls=searching[0],
+            tool_calls=acting[0],
             num_preempted=generate.preempted,
         )
         return outputs

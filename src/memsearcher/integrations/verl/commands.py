@@ -1,9 +1,11 @@
-"""``memsearcher verl prepare``: FlashRAG questions to the parquet veRL trains on."""
+"""``memsearcher verl prepare``: FlashRAG questions, or a shop's instructions, to the parquet
+veRL trains on."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def add_verl_command(commands: argparse._SubParsersAction) -> None:
@@ -16,11 +18,28 @@ def add_verl_command(commands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="verl_command", required=True, metavar="ACTION")
     prepare = actions.add_parser(
         "prepare",
-        help="FlashRAG JSONL/parquet questions to veRL's parquet",
+        help="FlashRAG JSONL/parquet questions (or a shop's instructions) to veRL's parquet",
         description="Write one veRL row per question (data_source, agent_name, prompt, "
-        "reward_model with the golden answers, extra_info with the question).",
+        "reward_model with the golden answers, extra_info with the question); with --env shop "
+        "or webshop, one per instruction of the generated shop or of a WebShop server's "
+        "sessions, for the loops of configs/verl/agent_loop_shop.yaml.",
     )
-    prepare.add_argument("--data", required=True, help="a FlashRAG file, or a FlashRAG folder")
+    prepare.add_argument("--data", help="a FlashRAG file, or a FlashRAG folder (--env search)")
+    prepare.add_argument(
+        "--env", choices=("search", "shop", "webshop"), default="search", help="default: search"
+    )
+    prepare.add_argument("--shop-seed", type=int, default=0, help="--env shop: (default: 0)")
+    prepare.add_argument(
+        "--shop-families", type=int, default=None, help="--env shop: products per category"
+    )
+    prepare.add_argument(
+        "--shop-split", default="rl", help="--env shop: train, rl or test, or joined by +"
+    )
+    prepare.add_argument(
+        "--shop-ids-from", type=int, default=None, help="--env shop: as the loop's shop_ids_from"
+    )
+    prepare.add_argument("--webshop-url", default=None, help="--env webshop: the server")
+    prepare.add_argument("--sessions", default="1500:12087", help="--env webshop: A:B")
     prepare.add_argument(
         "--datasets", default=None, help="comma-separated names inside --data (default: all)"
     )
@@ -41,11 +60,36 @@ def _prepare(args: argparse.Namespace) -> int:
 
     if args.agent not in AGENTS:
         raise MemSearcherError(f"--agent {args.agent!r}: choose one of {sorted(AGENTS)}")
-    check_output_file(Path(args.out), args.overwrite, [Path(args.data)])
-    names = [n for n in args.datasets.split(",") if n] if args.datasets else None
-    datasets = load_benchmarks(args.data, names, args.limit)
+    if (args.env == "search") != bool(args.data):
+        raise MemSearcherError("--data is for --env search, and needed there")
+    check_output_file(Path(args.out), args.overwrite, [Path(args.data)] if args.data else [])
+    if args.env == "search":
+        names = [n for n in args.datasets.split(",") if n] if args.datasets else None
+        datasets = load_benchmarks(args.data, names, args.limit)
+    else:
+        datasets = {args.env: _shop_tasks(args)[: args.limit]}
     rows = verl_rows(datasets, args.agent, args.split)
     out = write_parquet(rows, args.out)
     counts = ", ".join(f"{name} {len(examples)}" for name, examples in datasets.items())
     print(f"wrote {len(rows)} rows ({counts}) for agent {args.agent} to {out}")
     return 0
+
+
+def _shop_tasks(args: argparse.Namespace) -> list[Any]:
+    """The instructions of ``--shop-split`` of the generated shop, or the sessions of a
+    WebShop server, as tasks."""
+    from memsearcher.agent.environments.shop import instruction_example
+    from memsearcher.agent.environments.shop_world import ShopConfig
+    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
+    from memsearcher.agent.tasks import shop_catalogue
+    from memsearcher.errors import MemSearcherError
+
+    if args.env == "webshop":
+        if not args.webshop_url:
+            raise MemSearcherError("--env webshop needs --webshop-url")
+        with WebShopEnvironment(args.webshop_url) as server:
+            return server.examples(session_range(args.sessions))
+    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
+    catalogue = shop_catalogue(ShopConfig(seed=args.shop_seed, **sizes), args.shop_ids_from)
+    splits = args.shop_split.split("+")
+    return [instruction_example(i) for split in splits for i in catalogue.split(split)]

@@ -93,8 +93,9 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], out: str | Path) -> Path:
     return out
 
 
-def example_from_row(row: Mapping[str, Any]) -> QAExample:
-    """The question of one veRL row, as ``run(**row)`` receives it.
+def example_from_row(row: Mapping[str, Any], needs_gold: bool = True) -> QAExample:
+    """The question of one veRL row, as ``run(**row)`` receives it; a task scored by its
+    environment (``needs_gold`` False: a WebShop session) may come without golden answers.
 
     veRL's dataset reads parquet lists back as NumPy arrays, so lists are taken as any sequence.
     """
@@ -113,7 +114,7 @@ def example_from_row(row: Mapping[str, Any]) -> QAExample:
     question, golds = info["question"], info["golden_answers"]
     if isinstance(golds, str):
         golds = [golds]
-    if not isinstance(question, str) or not question.strip() or len(golds) == 0:
+    if not isinstance(question, str) or not question.strip() or (needs_gold and len(golds) == 0):
         raise MemSearcherError(
             f"the veRL row {info.get('id')!r} needs a question and at least one golden answer"
         )
