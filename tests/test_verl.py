@@ -226,6 +226,15 @@ def sessions(store: MemoryTQ) -> dict[str, list[str]]:
     return found
 
 
+def assert_rows_are(rows: list[dict[str, Any]], trajectory: Any) -> None:
+    """A session's rows are the trajectory's training sequences, token for token."""
+    assert len(rows) == len(trajectory.sequences)
+    for row, sequence in zip(rows, trajectory.sequences, strict=True):
+        assert row["prompts"].tolist() == list(sequence.prompt_ids)
+        assert row["responses"].tolist() == list(sequence.response_ids)
+        assert row["response_mask"].tolist() == list(sequence.loss_mask)
+
+
 def row_logprobs(
     llm: HFModel, prompt: torch.Tensor, response: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -284,11 +293,8 @@ def test_greedy_rows_equal_the_lockstep_driver(
     for keys in found.values():
         rows = [store.rows[k] for k in keys]
         trajectory = expected[rows[0]["extra_info"]["id"]]
-        assert len(rows) == len(trajectory.sequences)
-        for row, sequence in zip(rows, trajectory.sequences, strict=True):
-            assert row["prompts"].tolist() == list(sequence.prompt_ids)
-            assert row["responses"].tolist() == list(sequence.response_ids)
-            assert row["response_mask"].tolist() == list(sequence.loss_mask)
+        assert_rows_are(rows, trajectory)
+        for row in rows:
             assert row["num_turns"] == len(trajectory.turns)
             # veRL copies the final row's reward to every row; rm_scores holds it on the last token
             assert row["rm_scores"][-1].item() == pytest.approx(trajectory_reward(trajectory))
@@ -430,12 +436,8 @@ def test_shop_rows_equal_the_lockstep_driver(agent: str, store: MemoryTQ, tmp_pa
     for keys in found.values():
         rows = [store.rows[k] for k in keys]
         trajectory = expected[rows[0]["extra_info"]["id"]]
-        assert len(rows) == len(trajectory.sequences)
-        for row, sequence in zip(rows, trajectory.sequences, strict=True):
-            assert row["prompts"].tolist() == list(sequence.prompt_ids)
-            assert row["responses"].tolist() == list(sequence.response_ids)
-            assert row["response_mask"].tolist() == list(sequence.loss_mask)
-            assert row["rm_scores"][-1].item() == 1.0
+        assert_rows_are(rows, trajectory)
+        assert all(row["rm_scores"][-1].item() == 1.0 for row in rows)
         masks = [m for row in rows for m in row["response_mask"].tolist()]
         assert (0 in masks) == (agent != "mem1")  # pages are tool tokens; MEM1's open prompts
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -330,13 +331,51 @@ def solve(env: ShopEnv) -> list[str]:
     return actions
 
 
-class ShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
-    """The shop behind the environment protocol: one `ShopEnv` per session, opened by the
-    empty action on the instruction the session names (`ShopAction`) and showing its start
-    page, then stepped by each action. A session that ended is closed; opening a session
-    again starts it afresh, so an episode cut short (a format error) leaves nothing behind
-    once its name is used again. ``max_steps`` and ``repeat_ends`` are `ShopEnv`'s. For the
-    async driver an action runs in the event loop itself: a page is a lookup, a search a few
+class ShopSessions(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
+    """What a shop behind the environment protocol does with its sessions: the empty action
+    opens one (`open`, on the goal the session's name gives before any ``#``, so that the
+    episodes of a GRPO group each shop in a session of their own) and shows its start page,
+    each other action steps it, and a session is closed when its episode ends. Opening a
+    session again starts it afresh, so an episode cut short (a format error) leaves nothing
+    behind once its name is used again. For the async driver an action runs in the event
+    loop itself, unless a subclass says otherwise."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Any] = {}
+        """Session name -> its env (`ShopEnv`'s API: ``step(action)``)."""
+
+    @abstractmethod
+    def open(self, name: str) -> tuple[Any, str]:
+        """A new env on the goal ``name`` names, and its start page; raises `ActionRefused`
+        for this episode alone."""
+
+    def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
+        return [self.act_now(action) for action in actions]
+
+    async def act_one(self, action: ShopAction) -> Page:
+        return observed(self.act_now(action))
+
+    def act_now(self, action: ShopAction) -> Page | ActionRefused:
+        if not action.text:
+            try:
+                env, start = self.open(action.session.partition("#")[0])
+            except ActionRefused as refused:
+                return refused
+            self.sessions[action.session] = env
+            return Page(start)
+        env = self.sessions.get(action.session)
+        if env is None:
+            return ActionRefused(f"session {action.session!r} was never opened")
+        observation, reward, done, info = env.step(action.text)
+        if done:
+            del self.sessions[action.session]
+        return Page(observation, reward, done, info.get("bought"))
+
+
+class ShopEnvironment(ShopSessions):
+    """The shop behind the environment protocol: one `ShopEnv` a session, on the instruction
+    the session names (`ShopAction`). ``max_steps`` and ``repeat_ends`` are `ShopEnv`'s. The
+    async driver's actions run in the event loop: a page is a lookup, a search a few
     milliseconds over the shop's few hundred products."""
 
     def __init__(
@@ -346,38 +385,20 @@ class ShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction
         max_steps: int = 15,
         repeat_ends: bool = False,
     ) -> None:
+        super().__init__()
         self.catalogue, self.search, self.max_steps = catalogue, search, max_steps
         self.repeat_ends = repeat_ends
         self.instructions = {i.id: i for i in catalogue.instructions}
-        self.sessions: dict[str, ShopEnv] = {}
 
-    def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
-        return [self._act(action) for action in actions]
-
-    async def act_one(self, action: ShopAction) -> Page:
-        return observed(self._act(action))
-
-    def _act(self, action: ShopAction) -> Page | ActionRefused:
-        if not action.text:
-            name = action.session.partition("#")[0]
-            instruction = self.instructions.get(name)
-            if instruction is None:  # the tasks are another shop's: no episode could run
-                raise MemSearcherError(
-                    f"no instruction {name!r} in this shop (seed {self.catalogue.config.seed}):"
-                    " were the tasks made from a shop of another seed or size?"
-                )
-            env = ShopEnv(
-                self.catalogue, self.search, instruction, self.max_steps, self.repeat_ends
+    def open(self, name: str) -> tuple[ShopEnv, str]:
+        instruction = self.instructions.get(name)
+        if instruction is None:  # the tasks are another shop's: no episode could run
+            raise MemSearcherError(
+                f"no instruction {name!r} in this shop (seed {self.catalogue.config.seed}):"
+                " were the tasks made from a shop of another seed or size?"
             )
-            self.sessions[action.session] = env
-            return Page(env.reset())
-        env_or_none = self.sessions.get(action.session)
-        if env_or_none is None:
-            return ActionRefused(f"session {action.session!r} was never opened")
-        observation, reward, done, info = env_or_none.step(action.text)
-        if done:
-            del self.sessions[action.session]
-        return Page(observation, reward, done, info.get("bought"))
+        env = ShopEnv(self.catalogue, self.search, instruction, self.max_steps, self.repeat_ends)
+        return env, env.reset()
 
 
 def instruction_example(instruction: Instruction) -> QAExample:

@@ -53,15 +53,14 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin
 
-from memsearcher.agent.environments.base import (
-    ActionRefused,
-    AsyncEnvironment,
-    Environment,
-    Page,
-    ShopAction,
-    observed,
+from memsearcher.agent.environments.base import ActionRefused, Page, ShopAction, observed
+from memsearcher.agent.environments.shop import (
+    EPISODE_OVER,
+    SEP,
+    ShopSessions,
+    check_action,
+    invalid_observation,
 )
-from memsearcher.agent.environments.shop import EPISODE_OVER, SEP, check_action, invalid_observation
 from memsearcher.errors import MemSearcherError
 from memsearcher.types import QAExample
 
@@ -321,17 +320,15 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:300]
 
 
-class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, Page]):
+class WebShopEnvironment(ShopSessions):
     """A WebShop server behind the environment protocol, as `ShopEnvironment` puts our shop:
-    the empty action opens a `WebShopHTTPEnv` for the goal of the session its `ShopAction`
-    names (the part before a ``#``), in a server session of the episode's own
-    (`episode_session`), then each action steps it; an episode's env is dropped when it ends.
-    All share one connection pool, its own or ``client`` (which must follow redirects and
-    stays open: ``with`` closes only its own). The lockstep driver's actions run one after
-    another; the async driver's in the event loop's thread pool, several at once. A session
-    the server refuses is refused for its episode alone; a server that cannot be reached
-    raises `MemSearcherError` (eval records the episodes as failed, to run again on a rerun;
-    training stops)."""
+    each session a `WebShopHTTPEnv` on the goal it names, browsing in a server session of the
+    episode's own (`episode_session`). All share one connection pool, its own or ``client``
+    (which must follow redirects and stays open: ``with`` closes only its own). The lockstep
+    driver's actions run one after another; the async driver's in the event loop's thread
+    pool, several at once. A session the server refuses is refused for its episode alone; a
+    server that cannot be reached raises `MemSearcherError` (eval records the episodes as
+    failed, to run again on a rerun; training stops)."""
 
     def __init__(
         self,
@@ -340,10 +337,10 @@ class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAct
         timeout: float = 30.0,
         client: httpx.Client | None = None,
     ) -> None:
+        super().__init__()
         self.base_url, self.max_steps = base_url, max_steps
         self.owns_client = client is None
         self.http = client or _import_httpx().Client(timeout=timeout, follow_redirects=True)
-        self.sessions: dict[str, WebShopHTTPEnv] = {}
 
     def close(self) -> None:
         if self.owns_client:
@@ -355,29 +352,15 @@ class WebShopEnvironment(Environment[ShopAction, Page], AsyncEnvironment[ShopAct
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def act(self, actions: Sequence[ShopAction]) -> list[Page | ActionRefused]:
-        return [self._act(action) for action in actions]
-
     async def act_one(self, action: ShopAction) -> Page:
-        return observed(await asyncio.to_thread(self._act, action))
+        return observed(await asyncio.to_thread(self.act_now, action))
 
-    def _act(self, action: ShopAction) -> Page | ActionRefused:
-        if not action.text:
-            session = episode_session(action.session.partition("#")[0])
-            env = WebShopHTTPEnv(self.base_url, session, self.max_steps, client=self.http)
-            try:
-                text = env.reset()
-            except _Refused as refused:
-                return ActionRefused(str(refused))
-            self.sessions[action.session] = env
-            return Page(text)
-        env_or_none = self.sessions.get(action.session)
-        if env_or_none is None:
-            return ActionRefused(f"session {action.session!r} was never opened")
-        observation, reward, done, info = env_or_none.step(action.text)
-        if done:
-            del self.sessions[action.session]
-        return Page(observation, reward, done, info.get("bought"))
+    def open(self, name: str) -> tuple[WebShopHTTPEnv, str]:
+        env = WebShopHTTPEnv(self.base_url, episode_session(name), self.max_steps, client=self.http)
+        try:
+            return env, env.reset()
+        except _Refused as refused:
+            raise ActionRefused(str(refused)) from None
 
     def examples(self, sessions: Sequence[str]) -> list[QAExample]:
         """One task each of ``sessions``, its question the instruction the server shows on
