@@ -36,7 +36,7 @@ from memsearcher.agent.environments.shop import (
     solve,
 )
 from memsearcher.agent.environments.shop_world import Catalogue, ShopConfig, generate_catalogue
-from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
+from memsearcher.agent.environments.webshop_client import WebShopEnvironment, fixed_sessions
 from memsearcher.cli import main
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.predictions import read_predictions
@@ -176,7 +176,7 @@ def test_eval_over_http_gives_the_local_shops_records(
     shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
     run_eval({"shop": local}, model, shop, config, tmp_path / "local", progress=False)
     with WebShopEnvironment(webshop) as environment:
-        remote = environment.examples(session_range(f"0:{len(test)}"))
+        remote = environment.examples(fixed_sessions(0, len(test)))
         assert [e.question for e in remote] == [i.text for i in test]
         config = EvalConfig(agent_config=AgentConfig(max_turns=15), environment="webshop")
         summary = run_eval(
@@ -266,7 +266,7 @@ def test_the_async_driver_shops_as_lockstep_locally_and_over_http(
     same = ("reward", "turns", "end_reason", "prompt_tokens", "prediction")
     records = {}
     with WebShopEnvironment(webshop) as served:
-        served_tasks = served.examples(session_range(f"0:{len(test)}"))
+        served_tasks = served.examples(fixed_sessions(0, len(test)))
         for env, driver in (("shop", "lockstep"), ("shop", "async"), ("webshop", "async")):
             config = EvalConfig(
                 agent_config=AgentConfig(max_turns=15), environment=env, driver=driver,

@@ -103,6 +103,26 @@ def test_prepare_writes_a_row_per_shop_instruction(
         example_from_row(row)
 
 
+def test_prepare_writes_a_row_per_webshop_goal(tmp_path: Path) -> None:
+    """``--env webshop``: the goals ``--sessions A:B`` (the first ``--limit``) of a server
+    speaking WebShop's protocol (our shop, served), each its instruction and no gold."""
+    import pyarrow.parquet as pq
+    from _servers import shop_server
+
+    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
+
+    test = generate_catalogue(ShopConfig(seed=2, families_per_category=1)).split("test")
+    out = tmp_path / "webshop.parquet"
+    with shop_server(2, 1, "test", tmp_path / "shop.log") as url:
+        argv = ["verl", "prepare", "--env", "webshop", "--webshop-url", url, "--limit", "2"]
+        assert cli([*argv, "--sessions", "1:4", "--agent", "react", "--out", str(out)]) == 0
+    read = [example_from_row(r, needs_gold=False) for r in pq.read_table(out).to_pylist()]
+    assert [(e.id, e.question, e.golden_answers) for e in read] == [
+        ("fixed_1", test[1].text, ()),
+        ("fixed_2", test[2].text, ()),
+    ]
+
+
 def test_prepare_rejects_an_unknown_agent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,14 +24,23 @@ from typing import Any, Protocol
 from memsearcher.agent import start_episodes
 from memsearcher.agent.base import AgentConfig, Episode
 from memsearcher.agent.environments import Environment
-from memsearcher.agent.environments.shop import ShopEnvironment, ShopSearch, instruction_example
+from memsearcher.agent.environments.shop import (
+    ShopEnvironment,
+    ShopSearch,
+    ShopSessions,
+    instruction_example,
+)
 from memsearcher.agent.environments.shop_world import (
     Catalogue,
     ShopConfig,
     deal_ids,
     generate_catalogue,
 )
-from memsearcher.agent.environments.webshop_client import WebShopEnvironment, fixed_sessions
+from memsearcher.agent.environments.webshop_client import (
+    WebShopEnvironment,
+    fixed_sessions,
+    goal_range,
+)
 from memsearcher.agent.prompts import Templates
 from memsearcher.agent.shop_agents import ShopTemplates, start_shop_episodes
 from memsearcher.data.flashrag import read_examples
@@ -41,7 +50,14 @@ from memsearcher.retrieval import open_retriever
 from memsearcher.retrieval.base import Retriever
 from memsearcher.types import QAExample
 
-__all__ = ["ENVIRONMENTS", "EnvironmentKind", "Opened", "environment_kind", "shop_catalogue"]
+__all__ = [
+    "ENVIRONMENTS",
+    "EnvironmentKind",
+    "Opened",
+    "command_line_shop",
+    "environment_kind",
+    "shop_catalogue",
+]
 
 StartEpisodes = Callable[
     [str, Sequence[QAExample], Tokenizer, AgentConfig | None, Any, int | None],
@@ -126,6 +142,42 @@ def open_webshop(settings: WebShopSettings) -> Opened:
     read once for its instruction."""
     environment = WebShopEnvironment(settings.webshop_url)
     return environment.examples(fixed_sessions(*settings.webshop_goals)), environment
+
+
+@dataclass
+class _CommandLineShop:
+    """`ShopSettings` and `WebShopSettings` from a command line's flags."""
+
+    shop: ShopConfig
+    shop_split: str
+    shop_ids_from: int | None
+    webshop_url: str
+    webshop_goals: tuple[int, int]
+    shop_repeat_ends: bool = False
+
+
+def command_line_shop(args: Any, shop_split: str) -> tuple[list[QAExample], ShopSessions]:
+    """The first ``args.limit`` tasks of the shop ``args.env`` names, and the environment they
+    act in (to close: a WebShop one holds connections), from the flags ``eval --env`` and
+    ``verl prepare --env`` share: for ``shop``, the instructions of ``shop_split`` of the shop
+    of ``--shop-seed`` and ``--shop-families`` (and ``--shop-ids-from``); for ``webshop``, the
+    goals ``--sessions A:B`` of the server at ``--webshop-url``."""
+    if args.env == "webshop" and not args.webshop_url:
+        raise MemSearcherError("--env webshop needs --webshop-url")
+    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
+    first, end = goal_range(args.sessions) if args.env == "webshop" else (0, 1)
+    if args.limit is not None:
+        end = min(end, first + args.limit)
+    settings = _CommandLineShop(
+        ShopConfig(seed=args.shop_seed, **sizes),
+        shop_split,
+        getattr(args, "shop_ids_from", None),
+        args.webshop_url or "",
+        (first, end),
+    )
+    tasks, environment = ENVIRONMENTS[args.env].open(settings)
+    assert isinstance(environment, ShopSessions), args.env
+    return tasks[: args.limit], environment
 
 
 ENVIRONMENTS: dict[str, EnvironmentKind] = {

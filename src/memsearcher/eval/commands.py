@@ -216,28 +216,16 @@ def _shop_tasks(
     """``eval --env shop`` or ``webshop``: the dataset's name, its tasks, the environment
     they act in, and the settings that name them; a server's connections close with
     ``closing``."""
-    from memsearcher.agent.environments.shop import (
-        ShopEnvironment,
-        ShopSearch,
-        instruction_example,
-    )
-    from memsearcher.agent.environments.shop_world import ShopConfig, generate_catalogue
-    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
-    from memsearcher.errors import MemSearcherError
+    from memsearcher.agent.tasks import command_line_shop
 
+    tasks, environment = command_line_shop(args, args.split)
+    closing.callback(environment.close)
     if args.env == "webshop":
-        if not args.webshop_url:
-            raise MemSearcherError("eval --env webshop needs --webshop-url")
-        server = closing.enter_context(WebShopEnvironment(args.webshop_url))
-        tasks = server.examples(session_range(args.sessions)[: args.limit])
-        return "webshop", tasks, server, {"webshop": {"url": args.webshop_url,
-                                                      "sessions": args.sessions}}  # fmt: skip
+        where = {"webshop": {"url": args.webshop_url, "sessions": args.sessions}}
+        return "webshop", tasks, environment, where
     sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
-    catalogue = generate_catalogue(ShopConfig(seed=args.shop_seed, **sizes))
-    tasks = [instruction_example(i) for i in catalogue.split(args.split)][: args.limit]
-    shop = ShopEnvironment(catalogue, ShopSearch(catalogue.products))
-    return f"shop-{args.split}", tasks, shop, {"shop": {"seed": args.shop_seed, **sizes,
-                                                        "split": args.split}}  # fmt: skip
+    where = {"shop": {"seed": args.shop_seed, **sizes, "split": args.split}}
+    return f"shop-{args.split}", tasks, environment, where
 
 
 def run_report_command(args: argparse.Namespace) -> int:

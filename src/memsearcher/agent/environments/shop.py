@@ -371,6 +371,10 @@ class ShopSessions(Environment[ShopAction, Page], AsyncEnvironment[ShopAction, P
             del self.sessions[action.session]
         return Page(observation, reward, done, info.get("bought"))
 
+    def close(self) -> None:
+        """Frees what the shop holds outside the process: nothing here (a server's
+        environment closes its connections)."""
+
 
 class ShopEnvironment(ShopSessions):
     """The shop behind the environment protocol: one `ShopEnv` a session, on the instruction

@@ -74,8 +74,8 @@ __all__ = [
     "WebShopHTTPEnv",
     "episode_session",
     "fixed_sessions",
+    "goal_range",
     "read_page",
-    "session_range",
 ]
 
 logger = logging.getLogger(__name__)
@@ -392,9 +392,9 @@ def episode_session(name: str) -> str:
     return f"fixed-{uuid.uuid4().hex[:12]}_{match.group(1)}" if match else name
 
 
-def session_range(text: str) -> list[str]:
-    """``"A:B"`` -> the sessions ``fixed_A`` .. ``fixed_{B-1}`` (WebShop's usual test split
-    is ``0:500``)."""
+def goal_range(text: str) -> tuple[int, int]:
+    """``"A:B"`` -> ``(A, B)``, WebShop's goals ``A`` .. ``B - 1`` (its usual test split is
+    ``0:500``)."""
     first, colon, end = text.partition(":")
     try:
         a, b = int(first), int(end)
@@ -402,7 +402,7 @@ def session_range(text: str) -> list[str]:
         a = b = -1
     if not colon or not 0 <= a < b:
         raise MemSearcherError(f"sessions {text!r}: give A:B, with 0 <= A < B (e.g. 0:500)")
-    return fixed_sessions(a, b)
+    return a, b
 
 
 def fixed_sessions(first: int, end: int) -> list[str]:

@@ -164,8 +164,8 @@ def _shop_opener(
     if environment == "webshop":
         if not webshop_url:
             raise MemSearcherError("environment: webshop needs webshop_url")
-        http = _once(("webshop", webshop_url), lambda: WebShopEnvironment(webshop_url).http)
-        return lambda: WebShopEnvironment(webshop_url, client=http)
+        pool = _once(("webshop", webshop_url), lambda: WebShopEnvironment(webshop_url))
+        return lambda: WebShopEnvironment(webshop_url, client=pool.http)  # lent: stays open
     try:
         config = ShopConfig(**dict(shop or {}))
     except (TypeError, ValueError) as error:

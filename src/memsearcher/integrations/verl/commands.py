@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
 def add_verl_command(commands: argparse._SubParsersAction) -> None:
@@ -53,6 +52,7 @@ def add_verl_command(commands: argparse._SubParsersAction) -> None:
 
 def _prepare(args: argparse.Namespace) -> int:
     from memsearcher.agent import AGENTS
+    from memsearcher.agent.tasks import command_line_shop
     from memsearcher.data.flashrag import load_benchmarks
     from memsearcher.errors import MemSearcherError
     from memsearcher.folders import check_output_file
@@ -67,29 +67,11 @@ def _prepare(args: argparse.Namespace) -> int:
         names = [n for n in args.datasets.split(",") if n] if args.datasets else None
         datasets = load_benchmarks(args.data, names, args.limit)
     else:
-        datasets = {args.env: _shop_tasks(args)[: args.limit]}
+        tasks, environment = command_line_shop(args, args.shop_split)
+        environment.close()
+        datasets = {args.env: tasks}
     rows = verl_rows(datasets, args.agent, args.split)
     out = write_parquet(rows, args.out)
     counts = ", ".join(f"{name} {len(examples)}" for name, examples in datasets.items())
     print(f"wrote {len(rows)} rows ({counts}) for agent {args.agent} to {out}")
     return 0
-
-
-def _shop_tasks(args: argparse.Namespace) -> list[Any]:
-    """The instructions of ``--shop-split`` of the generated shop, or the sessions of a
-    WebShop server, as tasks."""
-    from memsearcher.agent.environments.shop import instruction_example
-    from memsearcher.agent.environments.shop_world import ShopConfig
-    from memsearcher.agent.environments.webshop_client import WebShopEnvironment, session_range
-    from memsearcher.agent.tasks import shop_catalogue
-    from memsearcher.errors import MemSearcherError
-
-    if args.env == "webshop":
-        if not args.webshop_url:
-            raise MemSearcherError("--env webshop needs --webshop-url")
-        with WebShopEnvironment(args.webshop_url) as server:
-            return server.examples(session_range(args.sessions))
-    sizes = {} if args.shop_families is None else {"families_per_category": args.shop_families}
-    catalogue = shop_catalogue(ShopConfig(seed=args.shop_seed, **sizes), args.shop_ids_from)
-    splits = args.shop_split.split("+")
-    return [instruction_example(i) for split in splits for i in catalogue.split(split)]
