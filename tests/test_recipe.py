@@ -59,6 +59,7 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     for summary in results["evaluations"].values():
         assert set(summary["datasets"]) == {"heldout", "test"}
     assert set(results["analysis"]["gains"]) == {"memsearcher", "react"}
+    assert set(results["analysis"]["agents"]) == {"sft", "grpo"}  # MemSearcher minus ReAct
     rl = read_examples(run / "data" / "questions" / "rl.jsonl")
     test = read_examples(run / "data" / "questions" / "test.jsonl")
     assert {e.metadata["hops"] for e in test} == {1, 2} and rl

@@ -12,6 +12,7 @@ import pytest
 
 from memsearcher.eval.report import paired_bootstrap
 from memsearcher.recipe.report import (
+    agent_gaps,
     analyse,
     behaviour,
     format_rollouts,
@@ -83,6 +84,28 @@ def test_a_retried_error_counts_once(tmp_path: Path) -> None:
     after = analysis["runs"]["grpo/memsearcher"]["test"]
     assert after["questions"] == 1 and after["em"] == 1.0
     assert analysis["gains"]["memsearcher"]["test"]["gain"] == pytest.approx(1.0)
+
+
+def test_agent_gaps_pair_memsearcher_and_react_by_question_and_by_hops() -> None:
+    """MemSearcher minus ReAct, the same model as both: by dataset, and by hops where a
+    dataset mixes them; a question only one agent answered is left out."""
+    ours = [record("h", HAMLET, ["Hamlet"], ["m"], "Danish", 0.0),
+            record("o", OSLO, ["Oslo"], ["m"], "Norway", 1.0),
+            record("p", OSLO, ["Oslo"], ["m"], "Norway", 1.0)]  # fmt: skip
+    react = [record("h", HAMLET, ["Hamlet", "Shakespeare"], ["", ""], "English", 1.0),
+             record("o", OSLO, ["Oslo"], [""], "Oslo", 0.0)]  # fmt: skip
+    heldout = [record("q", OSLO, ["Oslo"], ["m"], "Norway", 1.0)]
+    records = {"grpo/memsearcher": {"test": ours, "heldout": heldout},
+               "grpo/react": {"test": react, "heldout": heldout},
+               "sft/memsearcher": {"test": ours}}  # fmt: skip
+    gaps = agent_gaps(records, bootstrap=200)
+    assert set(gaps) == {"grpo"}  # sft was not evaluated as ReAct
+    assert {k: (g["questions"], g["gain"]) for k, g in gaps["grpo"].items()} == {
+        "test": (2, 0.0),
+        "test, 1-hop": (1, 1.0),
+        "test, 2-hop": (1, -1.0),
+        "heldout": (1, 0.0),
+    }
 
 
 def sample(example: QAExample, queries: list[str], answer: str | None) -> dict[str, Any]:

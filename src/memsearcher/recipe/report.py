@@ -20,7 +20,7 @@ from memsearcher.eval.predictions import latest_records, prediction_record, read
 from memsearcher.eval.report import paired_bootstrap, paired_differences
 from memsearcher.types import Trajectory
 
-__all__ = ["analyse", "format_rollouts", "rollouts", "write_report"]
+__all__ = ["agent_gaps", "analyse", "format_rollouts", "rollouts", "write_report"]
 
 BEHAVIOURS = {
     "searches_per_hop": "searches per hop of the question's chain",
@@ -34,7 +34,8 @@ BEHAVIOURS = {
 
 def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
     """Per run and dataset: the metrics by number of hops and the behaviour; per agent: the
-    paired bootstrap of SFT+GRPO minus SFT EM on each dataset and on both pooled."""
+    paired bootstrap of SFT+GRPO minus SFT EM on each dataset and on both pooled; per model:
+    MemSearcher minus ReAct (`agent_gaps`)."""
     runs: dict[str, Any] = {}
     records: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run in sorted((out / "eval").iterdir()):
@@ -56,7 +57,32 @@ def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
         pairs = {d: paired_differences(before[d], after[d], "em") for d in before if d in after}
         pairs["pooled"] = [p for d in list(pairs) for p in pairs[d]]
         gains[agent] = {d: paired_bootstrap(p, bootstrap) for d, p in pairs.items()}
-    return {"runs": runs, "gains": gains}
+    return {"runs": runs, "gains": gains, "agents": agent_gaps(records, bootstrap)}
+
+
+def agent_gaps(
+    records: dict[str, dict[str, list[dict[str, Any]]]], bootstrap: int
+) -> dict[str, Any]:
+    """Per model (``sft``, ``grpo``) evaluated as both agents: MemSearcher minus ReAct EM,
+    paired by question, with its bootstrap interval, on each dataset and, where a dataset's
+    questions differ in hops, on each number of hops."""
+    gaps: dict[str, Any] = {}
+    for model in ("sft", "grpo"):
+        ours, react = records.get(f"{model}/memsearcher"), records.get(f"{model}/react")
+        if not ours or not react:
+            continue
+        pairs: dict[str, list[float]] = {}
+        for dataset in (d for d in ours if d in react):
+            pairs[dataset] = paired_differences(react[dataset], ours[dataset], "em")
+            hops = {r["id"]: _chain(r)[1] for r in ours[dataset]}
+            if len(set(hops.values())) < 2:
+                continue
+            for h in sorted(set(hops.values())):
+                mine = [r for r in ours[dataset] if hops[r["id"]] == h]
+                theirs = [r for r in react[dataset] if hops.get(r["id"]) == h]
+                pairs[f"{dataset}, {h}-hop"] = paired_differences(theirs, mine, "em")
+        gaps[model] = {name: paired_bootstrap(p, bootstrap) for name, p in pairs.items()}
+    return gaps
 
 
 def describe(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -178,6 +204,9 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         format_table(analysis["runs"]),
         "## GRPO minus SFT, paired bootstrap 95% interval over the questions\n",
         format_gains(analysis["gains"]),
+        "## MemSearcher minus ReAct, the same model as either agent, paired bootstrap 95% "
+        "interval\n",
+        format_gains(analysis.get("agents", {}), "model", "MemSearcher - ReAct EM"),
         "## Behaviour (test split)\n",
         format_behaviour(analysis["runs"], "test"),
         "## The teacher\n",
@@ -223,9 +252,9 @@ def format_table(runs: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_gains(gains: dict[str, Any]) -> str:
+def format_gains(gains: dict[str, Any], by: str = "agent", gain: str = "gain in EM") -> str:
     lines = [
-        "| agent | questions | n | gain in EM | 95% interval |",
+        f"| {by} | questions | n | {gain} | 95% interval |",
         "| --- | --- | --- | --- | --- |",
     ]
     for agent, by_dataset in gains.items():
