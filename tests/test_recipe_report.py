@@ -87,8 +87,8 @@ def test_a_retried_error_counts_once(tmp_path: Path) -> None:
 
 
 def test_agent_gaps_pair_memsearcher_and_react_by_question_and_by_hops() -> None:
-    """MemSearcher minus ReAct, the same model as both: by dataset, and by hops where a
-    dataset mixes them; a question only one agent answered is left out."""
+    """MemSearcher minus ReAct at a stage: by dataset, and by hops where a dataset mixes
+    them; a question only one agent answered is left out."""
     ours = [record("h", HAMLET, ["Hamlet"], ["m"], "Danish", 0.0),
             record("o", OSLO, ["Oslo"], ["m"], "Norway", 1.0),
             record("p", OSLO, ["Oslo"], ["m"], "Norway", 1.0)]  # fmt: skip

@@ -63,9 +63,10 @@ def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
 def agent_gaps(
     records: dict[str, dict[str, list[dict[str, Any]]]], bootstrap: int
 ) -> dict[str, Any]:
-    """Per model (``sft``, ``grpo``) evaluated as both agents: MemSearcher minus ReAct EM,
-    paired by question, with its bootstrap interval, on each dataset and, where a dataset's
-    questions differ in hops, on each number of hops."""
+    """Per stage evaluated as both agents (``sft``: the SFT model as either agent; ``grpo``:
+    each agent's own GRPO model): MemSearcher minus ReAct EM, paired by question, with its
+    bootstrap interval, on each dataset and, where a dataset's questions differ in hops, on
+    each number of hops."""
     gaps: dict[str, Any] = {}
     for model in ("sft", "grpo"):
         ours, react = records.get(f"{model}/memsearcher"), records.get(f"{model}/react")
@@ -204,9 +205,9 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         format_table(analysis["runs"]),
         "## GRPO minus SFT, paired bootstrap 95% interval over the questions\n",
         format_gains(analysis["gains"]),
-        "## MemSearcher minus ReAct, the same model as either agent, paired bootstrap 95% "
-        "interval\n",
-        format_gains(analysis.get("agents", {}), "model", "MemSearcher - ReAct EM"),
+        "## MemSearcher minus ReAct (SFT: one model as either agent; GRPO: each agent's own "
+        "GRPO), paired bootstrap 95% interval\n",
+        format_gains(analysis.get("agents", {}), "stage", "MemSearcher - ReAct EM"),
         "## Behaviour (test split)\n",
         format_behaviour(analysis["runs"], "test"),
         "## The teacher\n",
