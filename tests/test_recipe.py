@@ -89,6 +89,7 @@ def test_the_recipe_runs_end_to_end_at_a_tiny_size_and_resumes(tmp_path: Path) -
     report = (run / "report.md").read_text()
     assert "GRPO minus SFT" in report and "| grpo | memsearcher | test |" in report
     assert "## The checkpoint kept (react)" in report
+    assert "| grpo | test, 2-hop |" in report  # MemSearcher minus ReAct, by hops
     assert (run / "reward_per_step.png").stat().st_size > 0
 
     # a rerun of the same config finds every stage done: nothing is trained again
@@ -166,8 +167,10 @@ def test_ship_copies_the_adapters_grpo_stacks_on(tmp_path: Path, turn1_steps: in
                           "two_hop_trajectories": 220}}  # fmt: skip
     data = {"trajectories": 1050, "synthetic_trajectories": 480, "wiki_trajectories": 570}
     gain = {"gain": 0.137, "low": 0.072, "high": 0.201, "questions": 139}
+    gap = {"gain": -0.273, "low": -0.455, "high": -0.091, "questions": 33}
     results = {"data": {**data, "flaws": flaws},
-               "analysis": {"runs": {}, "gains": {"memsearcher": {"pooled": gain}}}}  # fmt: skip
+               "analysis": {"runs": {}, "gains": {"memsearcher": {"pooled": gain}},
+                            "agents": {"grpo": {"test, 2-hop": gap}}}}  # fmt: skip
     ship(config, package, results)
     shipped = {SFT_ADAPTER.name: "sft", GRPO_ADAPTER.name: "grpo-memsearcher"}
     if turn1_steps:
@@ -182,6 +185,7 @@ def test_ship_copies_the_adapters_grpo_stacks_on(tmp_path: Path, turn1_steps: in
                 assert card == f"{name}/{file}" and "## Results" in results_part
                 assert "early answer after the first hop of a two-hop question 0.1 / 0.107" in text
                 assert "| memsearcher | pooled | 139 | +0.137 | [+0.072, +0.201] |" in text
+                assert "| grpo | test, 2-hop | 33 | -0.273 | [-0.455, -0.091] |" in text
             else:
                 assert text == f"{name}/{file}"
 

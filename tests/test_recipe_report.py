@@ -105,6 +105,7 @@ def test_agent_gaps_pair_memsearcher_and_react_by_question_and_by_hops() -> None
         "test, 1-hop": (1, 1.0),
         "test, 2-hop": (1, -1.0),
         "heldout": (1, 0.0),
+        "pooled": (3, 0.0),
     }
 
 

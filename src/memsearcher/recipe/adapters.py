@@ -11,7 +11,12 @@ from typing import Any
 
 from memsearcher.llm.embedded import GRPO_ADAPTER, SFT_ADAPTER, TURN1_ADAPTER
 from memsearcher.recipe.config import RecipeConfig
-from memsearcher.recipe.report import format_gains, format_table, format_teacher
+from memsearcher.recipe.report import (
+    format_agent_gaps,
+    format_gains,
+    format_table,
+    format_teacher,
+)
 from memsearcher.rl.export import machine
 
 __all__ = ["BASE_ID", "grpo_card", "results_section", "ship", "sft_card", "turn1_card"]
@@ -40,8 +45,8 @@ def ship(config: RecipeConfig, folder: Path, results: dict[str, Any]) -> None:
 
 def results_section(results: dict[str, Any]) -> str:
     """The model card's results: the teacher's flaw rates, the report's table (greedy EM, F1,
-    format failures, searches and prompt tokens by model, agent, questions and hops), and GRPO's
-    gain over SFT with its interval."""
+    format failures, searches and prompt tokens by model, agent, questions and hops), GRPO's
+    gain over SFT with its interval, and MemSearcher against ReAct."""
     analysis = results["analysis"]
     return f"""
 ## Results (`memsearcher recipe embedded-agent`, greedy; docs/embedded-agent.md)
@@ -53,7 +58,8 @@ the test split of the Wikipedia questions (one-hop and two-hop). `sft` is GRPO's
 {format_table(analysis["runs"])}
 GRPO minus SFT, paired bootstrap 95% interval over the questions:
 
-{format_gains(analysis["gains"])}"""
+{format_gains(analysis["gains"])}
+{format_agent_gaps(analysis.get("agents"))}"""
 
 
 def sft_card(config: RecipeConfig, out: Path) -> str:

@@ -20,7 +20,14 @@ from memsearcher.eval.predictions import latest_records, prediction_record, read
 from memsearcher.eval.report import paired_bootstrap, paired_differences
 from memsearcher.types import Trajectory
 
-__all__ = ["agent_gaps", "analyse", "format_rollouts", "rollouts", "write_report"]
+__all__ = [
+    "agent_gaps",
+    "analyse",
+    "format_agent_gaps",
+    "format_rollouts",
+    "rollouts",
+    "write_report",
+]
 
 BEHAVIOURS = {
     "searches_per_hop": "searches per hop of the question's chain",
@@ -65,8 +72,8 @@ def agent_gaps(
 ) -> dict[str, Any]:
     """Per stage evaluated as both agents (``sft``: the SFT model as either agent; ``grpo``:
     each agent's own GRPO model): MemSearcher minus ReAct EM, paired by question, with its
-    bootstrap interval, on each dataset and, where a dataset's questions differ in hops, on
-    each number of hops."""
+    bootstrap interval, on each dataset, on each number of hops where a dataset's questions
+    differ in hops, and on the datasets pooled."""
     gaps: dict[str, Any] = {}
     for model in ("sft", "grpo"):
         ours, react = records.get(f"{model}/memsearcher"), records.get(f"{model}/react")
@@ -82,6 +89,7 @@ def agent_gaps(
                 mine = [r for r in ours[dataset] if hops[r["id"]] == h]
                 theirs = [r for r in react[dataset] if hops.get(r["id"]) == h]
                 pairs[f"{dataset}, {h}-hop"] = paired_differences(theirs, mine, "em")
+        pairs["pooled"] = [p for d in ours if d in react for p in pairs[d]]
         gaps[model] = {name: paired_bootstrap(p, bootstrap) for name, p in pairs.items()}
     return gaps
 
@@ -205,9 +213,7 @@ def write_report(out: Path, results: dict[str, Any]) -> Path:
         format_table(analysis["runs"]),
         "## GRPO minus SFT, paired bootstrap 95% interval over the questions\n",
         format_gains(analysis["gains"]),
-        "## MemSearcher minus ReAct (SFT: one model as either agent; GRPO: each agent's own "
-        "GRPO), paired bootstrap 95% interval\n",
-        format_gains(analysis.get("agents", {}), "stage", "MemSearcher - ReAct EM"),
+        format_agent_gaps(analysis.get("agents"), "## "),
         "## Behaviour (test split)\n",
         format_behaviour(analysis["runs"], "test"),
         "## The teacher\n",
@@ -265,6 +271,17 @@ def format_gains(gains: dict[str, Any], by: str = "agent", gain: str = "gain in 
             lines.append(f"| {agent} | {dataset} | {g['questions']} | {g['gain']:+.3f} "
                          f"| [{g['low']:+.3f}, {g['high']:+.3f}] |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def format_agent_gaps(gaps: dict[str, Any] | None, heading: str = "") -> str:
+    """`agent_gaps`' table under its heading; nothing where one agent alone was evaluated."""
+    if not gaps:
+        return ""
+    return (
+        f"{heading}MemSearcher minus ReAct (SFT: one model as either agent; GRPO: each agent's "
+        "own GRPO), paired bootstrap 95% interval over the questions\n\n"
+        + format_gains(gaps, "stage", "MemSearcher - ReAct EM")
+    )
 
 
 def format_behaviour(runs: dict[str, Any], dataset: str) -> str:
