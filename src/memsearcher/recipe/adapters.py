@@ -53,7 +53,8 @@ def results_section(results: dict[str, Any]) -> str:
 
 The teacher: {format_teacher(results["data"])}
 Held-out: the 58 handwritten questions of benchmarks/data/embedded-wiki-questions.jsonl; test:
-the test split of the Wikipedia questions (one-hop and two-hop). `sft` is GRPO's start.
+the test split of the Wikipedia questions (one-hop and two-hop). `sft` is GRPO's start; a
+`grpo` row is its agent's own GRPO run from it (this adapter is MemSearcher's).
 
 {format_table(analysis["runs"])}
 GRPO minus SFT, paired bootstrap 95% interval over the questions:
