@@ -308,16 +308,16 @@ def test_an_interrupted_stage_keeps_its_time(
     """The recipe's stages resume from checkpoints, so a run stopped mid-stage (Ctrl-C) and
     started again is a normal way to build it: the time spent before the stop must count in
     timings.json, which the report prints, or a resumed stage reports only its last part. (A
-    killed process or a machine reset writes nothing; GRPO's metrics.jsonl keeps each step's
-    time.)"""
+    killed process: the next test.)"""
     from types import SimpleNamespace
 
-    from memsearcher.recipe import embedded_agent
+    from memsearcher.recipe import embedded_agent, run_folder
 
     # a stand-in clock and data stage: a real Ctrl-C cannot be timed exactly, and the recipe
     # counts only stages of 5 s or more
     clock = iter([10.0, 130.0])
-    monkeypatch.setattr(embedded_agent, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    stand_in = SimpleNamespace(perf_counter=lambda: next(clock), time=lambda: 0.0)
+    monkeypatch.setattr(run_folder, "time", stand_in)
 
     def stopped(*args: object) -> None:
         raise KeyboardInterrupt
@@ -328,6 +328,44 @@ def test_an_interrupted_stage_keeps_its_time(
     with pytest.raises(KeyboardInterrupt):
         embedded_agent.run_recipe(config, echo=lambda line: None)
     assert json.loads((out / "timings.json").read_text()) == {"data": 120.0}
+    assert not (out / "stage.running.json").exists()
+
+
+def test_a_killed_stage_keeps_its_time_up_to_its_last_write(tmp_path: Path) -> None:
+    """A process killed inside a stage (SIGKILL: no ``finally`` runs, as when a session or a
+    machine ends) leaves the stage's start behind; the next run credits the stage with the time
+    up to the last file the killed run wrote (here set 42 s after the start), and only once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from memsearcher.recipe.run_folder import StageClock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "timings.json").write_text(json.dumps({"data": 3.0, "SFT": 100.0}))
+    script = (
+        "import sys, time\nfrom pathlib import Path\n"
+        "from memsearcher.recipe.run_folder import StageClock\n"
+        "out = Path(sys.argv[1])\n"
+        "with StageClock(out).stage('SFT'):\n"
+        "    (out / 'step-1').write_text('checkpoint')\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    started = json.loads((out / "stage.running.json").read_text())["started"]
+    os.utime(out / "step-1", (started + 42, started + 42))
+
+    clock = StageClock(out)
+    assert clock.seconds == {"data": 3.0, "SFT": 142.0}
+    assert json.loads((out / "timings.json").read_text()) == clock.seconds
+    assert not (out / "stage.running.json").exists()
+    assert StageClock(out).seconds == {"data": 3.0, "SFT": 142.0}  # credited once
 
 
 def _lora():  # type: ignore[no-untyped-def]

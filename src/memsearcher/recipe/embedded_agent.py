@@ -54,7 +54,7 @@ from memsearcher.llm.embedded import merge_adapters
 from memsearcher.recipe.adapters import BASE_ID, grpo_card, sft_card, ship, turn1_card
 from memsearcher.recipe.config import RecipeConfig
 from memsearcher.recipe.report import analyse
-from memsearcher.recipe.run_folder import claim
+from memsearcher.recipe.run_folder import StageClock, claim
 from memsearcher.rl.checkpoint import latest_checkpoint
 from memsearcher.rl.config import GRPOConfig, SFTConfig
 from memsearcher.rl.export import export_adapter, machine
@@ -83,23 +83,14 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
     """Run (or resume) every stage into ``config.out``; return the results."""
     out = Path(config.out)
     claim_out(config)
-    timings_file = out / "timings.json"
-    timings = json.loads(timings_file.read_text("utf-8")) if timings_file.is_file() else {}
+    clock = StageClock(out)
 
     @contextlib.contextmanager
     def stage(name: str) -> Iterator[None]:
-        begun = time.perf_counter()
         echo(f"[recipe] {name} ...")
-        try:
+        with clock.stage(name):
             yield
-        finally:
-            # a resumed stage adds its time to the earlier runs', an interrupted one's
-            # included; one found done adds nothing
-            seconds = time.perf_counter() - begun
-            if seconds >= 5:
-                timings[name] = round(timings.get(name, 0.0) + seconds, 1)
-            timings_file.write_text(json.dumps(timings, indent=2) + "\n", "utf-8")
-        echo(f"[recipe] {name}: {timings.get(name, 0.0)} s")
+        echo(f"[recipe] {name}: {clock.seconds.get(name, 0.0)} s")
 
     with stage("data"):
         questions = build_data(config, out / "data", echo)
@@ -120,7 +111,7 @@ def run_recipe(config: RecipeConfig, echo: Echo = print) -> dict[str, Any]:
         "data": json.loads((out / "data" / "protocol.stats.json").read_text("utf-8")),
         "questions": {name: _describe(rows) for name, rows in questions.items()},
         "evaluations": evaluations,
-        "timings": timings,
+        "timings": clock.seconds,
         "machine": machine(),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")

@@ -6,13 +6,19 @@ aside.
 ``grpo.steps`` under a constant learning rate. GRPO then trains on from its checkpoints, and
 what the shorter run made moves to ``OUT/superseded/grpo-<N>-steps/``, never deleted. To go
 back, move those folders back and write the old ``grpo.steps`` into ``recipe.json``.
+
+``OUT/timings.json`` holds each stage's seconds, summed over the runs that worked on it
+(`StageClock`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +26,15 @@ from memsearcher.config import changed_keys
 from memsearcher.errors import MemSearcherError
 from memsearcher.teach.oracle import AGENTS
 
-__all__ = ["MARKER", "OUTPUT_ONLY", "claim", "set_aside_grpo"]
+__all__ = ["MARKER", "OUTPUT_ONLY", "StageClock", "claim", "set_aside_grpo"]
 
 MARKER = "recipe.json"
 OUTPUT_ONLY = ("ship", "bootstrap")
 """Config keys that change only what is written after training, so a finished run may be
 rerun with other values of them."""
+TIMINGS = "timings.json"
+RUNNING = "stage.running.json"
+"""Which stage a run is in, and since when (wall-clock seconds); gone when the stage ends."""
 REPORT = ("results.json", "report.md", "reward_per_step.png")
 """The report's files, which describe the whole run and so move aside with GRPO's products."""
 
@@ -90,8 +99,8 @@ def set_aside_grpo(out: Path, steps: int) -> None:
         for name in moving:
             (aside / name).parent.mkdir(parents=True, exist_ok=True)
             (out / name).rename(aside / name)
-        if (out / "timings.json").is_file():
-            shutil.copyfile(out / "timings.json", aside / "timings.json")
+        if (out / TIMINGS).is_file():
+            shutil.copyfile(out / TIMINGS, aside / TIMINGS)
     except OSError as error:
         raise MemSearcherError(
             f"setting the {steps}-step run's results aside in {aside} failed ({error}); "
@@ -114,3 +123,45 @@ def _write_marker(marker: Path, settings: dict[str, Any]) -> None:
     staging = marker.with_name(marker.name + ".tmp")
     staging.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
     staging.replace(marker)
+
+
+class StageClock:
+    """Each stage's seconds in ``OUT/timings.json``, summed over the runs that worked on it, since
+    the stages resume from their checkpoints and a build may span several runs.
+
+    A run stopped by an exception (Ctrl-C) adds its time as it leaves the stage. A killed one
+    (SIGKILL, a machine or session that ends) leaves ``OUT/stage.running.json`` behind, and the
+    next run credits that stage with the time from its start to the last file the killed run
+    wrote in ``OUT`` (its last checkpoint or log line): work after that was lost, and is
+    counted when it is done again. A stage found done (under 5 s) adds nothing."""
+
+    def __init__(self, out: Path) -> None:
+        self.file = out / TIMINGS
+        self.running = out / RUNNING
+        self.seconds: dict[str, float] = (
+            json.loads(self.file.read_text("utf-8")) if self.file.is_file() else {}
+        )
+        if self.running.is_file():
+            self._credit_killed_run(out)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.running.write_text(json.dumps({"stage": name, "started": time.time()}), "utf-8")
+        begun = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._add(name, time.perf_counter() - begun)
+            self.running.unlink(missing_ok=True)
+
+    def _credit_killed_run(self, out: Path) -> None:
+        running = json.loads(self.running.read_text("utf-8"))
+        mine = {self.file, self.running}
+        written = [p.stat().st_mtime for p in out.rglob("*") if p.is_file() and p not in mine]
+        self._add(running["stage"], max(written, default=0.0) - running["started"])
+        self.running.unlink()
+
+    def _add(self, name: str, seconds: float) -> None:
+        if seconds >= 5:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 1)
+        self.file.write_text(json.dumps(self.seconds, indent=2) + "\n", "utf-8")
