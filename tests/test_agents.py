@@ -22,6 +22,7 @@ from memsearcher.api.responses import reasoning_text
 from memsearcher.ask import print_turn
 from memsearcher.errors import MemSearcherError
 from memsearcher.eval.html import _turn
+from memsearcher.eval.run import _asked_to_answer
 from memsearcher.llm.base import Completion, SamplingParams, Tokenizer
 from memsearcher.llm.hf import HFModel
 from memsearcher.llm.scripted import Reply, ScriptedLLM
@@ -339,6 +340,27 @@ def test_answer_on_repeat(agent: str, tokenizer: Tokenizer, retriever: Retriever
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "react"])
+def test_repeat_ends(agent: str, tokenizer: Tokenizer, retriever: Retriever) -> None:
+    """With ``repeat_ends`` the repeated query is not searched and ends the episode with no
+    answer, so the graded reward is 0; the repeated action stays in the sequence, scored."""
+    counting = CountingRetriever(retriever)
+    config = AgentConfig(repeat_ends=True)
+    (trajectory,), _ = run(agent, tokenizer, counting, _one_query_reply, config, QUESTIONS[1:2])
+    assert trajectory.end_reason == "repeated_query" and trajectory.answer is None
+    assert counting.batches == [["capital of France"]] and trajectory.num_searches == 1
+    first, second = trajectory.turns
+    assert second.query is None and second.repeated_query == "Capital of  FRANCE"
+    assert second.error == "searched before: Capital of  FRANCE"
+    assert trajectory_reward(trajectory) == 0.0
+    text = tokenizer.decode(trajectory.sequences[-1].input_ids)
+    assert "Capital of  FRANCE" in text  # the repeat is trained on, not dropped
+    record = {"end_reason": trajectory.end_reason, "trajectory": trajectory.to_dict()}
+    assert not _asked_to_answer(record)  # an evaluation's count of answer_on_repeat's asks
+    with pytest.raises(ValueError, match="set one"):
+        AgentConfig(repeat_ends=True, answer_on_repeat=True)
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
 def test_a_tool_call_where_the_answer_was_asked_for_ends_the_episode(
     agent: str, tokenizer: Tokenizer, retriever: Retriever
 ) -> None:
@@ -366,3 +388,5 @@ def test_an_agent_that_writes_its_own_actions_refuses_answer_on_repeat(
     config = AgentConfig(answer_on_repeat=True)
     with pytest.raises(MemSearcherError, match="answer_on_repeat: Mem1Episode writes its own"):
         start_episodes("mem1", QUESTIONS[:1], tokenizer, config, None, 8192)
+    with pytest.raises(MemSearcherError, match="repeat_ends: Mem1Episode writes its own"):
+        start_episodes("mem1", QUESTIONS[:1], tokenizer, AgentConfig(repeat_ends=True), None, 8192)

@@ -94,14 +94,23 @@ class Turn:
     """The parse failure that ended the trajectory in this turn, if any."""
     repeated_query: str | None = None
     """A query searched before in the episode, written again in this turn and not searched:
-    the agent was asked for its answer instead (``AgentConfig.answer_on_repeat``)."""
+    the agent was asked for its answer instead (``AgentConfig.answer_on_repeat``), or the
+    episode ended there (``AgentConfig.repeat_ends``)."""
 
 
 EndReason = Literal[
-    "answer", "format_error", "max_turns", "length", "context_limit", "search_error", "cancelled"
+    "answer",
+    "format_error",
+    "max_turns",
+    "length",
+    "context_limit",
+    "search_error",
+    "cancelled",
+    "repeated_query",
 ]
 """Why an episode ended; ``"cancelled"``: a server dropped it (its client hung up), and nobody
-sees that trajectory."""
+sees that trajectory; ``"repeated_query"``: it searched a query again under
+``AgentConfig.repeat_ends``."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,12 @@ class AgentConfig:
     its answer instead (the action is replaced by ``Templates.answer_lead`` and the model
     writes the answer after it). An aid for greedy decoding, where a repeated query that leaves
     the memory as it was is a loop to the turn limit. MemSearcher and ReAct only."""
+    repeat_ends: bool = False
+    """A query the episode has searched already ends it (end reason ``"repeated_query"``, so no
+    answer and reward 0), the repeated action scored with the rest. For RL: in sampled rollouts
+    a repeat is often followed by a right answer and earns its full reward, so nothing teaches
+    the policy away from the repeat that greedy decoding turns into a loop (the shop's
+    ``repeat_ends`` does the same for invalid actions). MemSearcher and ReAct only."""
 
     def __post_init__(self) -> None:
         count(self, "max_turns", MAX_TURNS)
@@ -65,6 +71,8 @@ class AgentConfig:
             count(self, name, MAX_TOP_N)
         if self.top_n > self.max_top_n:
             raise ValueError(f"top_n ({self.top_n}) exceeds max_top_n ({self.max_top_n})")
+        if self.answer_on_repeat and self.repeat_ends:
+            raise ValueError("answer_on_repeat and repeat_ends both take a repeated query: set one")
 
 
 def check_trainable(config: AgentConfig, key: str) -> None:
@@ -117,8 +125,8 @@ class Episode(ABC, Generic[ObservationT]):
 
     agent_name = "agent"
     answers_on_repeat = False
-    """Whether the episode honours ``AgentConfig.answer_on_repeat`` (its actions go through
-    `take_action`); one that would ignore it refuses it."""
+    """Whether the episode honours ``AgentConfig.answer_on_repeat`` and ``repeat_ends`` (its
+    actions go through `take_action`); one that would ignore them refuses them."""
 
     def __init__(
         self,
@@ -128,11 +136,12 @@ class Episode(ABC, Generic[ObservationT]):
         templates: Templates,
         max_context_tokens: int | None,
     ) -> None:
-        if config.answer_on_repeat and not self.answers_on_repeat:
-            raise MemSearcherError(
-                f"answer_on_repeat: {type(self).__name__} writes its own actions, which the "
-                "option cannot replace"
-            )
+        for option in ("answer_on_repeat", "repeat_ends"):
+            if getattr(config, option) and not self.answers_on_repeat:
+                raise MemSearcherError(
+                    f"{option}: {type(self).__name__} writes its own actions, which the "
+                    "option cannot see"
+                )
         self.example = example
         self.tokenizer = tokenizer
         self.config = config
@@ -304,7 +313,8 @@ class Episode(ABC, Generic[ObservationT]):
 
     def take_action(self, completion: Completion) -> ToolCall | None:
         """Record an action; end the episode on an answer or a fault, else return the call
-        (or, with ``answer_on_repeat``, ask for the answer in place of a repeated query)."""
+        (or, with ``answer_on_repeat``, ask for the answer in place of a repeated query; with
+        ``repeat_ends``, end the episode on it)."""
         start, lead = len(self.response_ids), self.lead
         self.lead = ""
         text = lead + self.take_generation(completion)
@@ -333,6 +343,10 @@ class Episode(ABC, Generic[ObservationT]):
             return None
         if self.config.answer_on_repeat and _searched(call.query, self.turns):
             self.ask_for_answer(start, call.query)
+            return None
+        if self.config.repeat_ends and _searched(call.query, self.turns):
+            self.draft.fields["repeated_query"] = call.query
+            self.end("repeated_query", f"searched before: {call.query}")
             return None
         self.draft.fields["query"] = call.query
         top_n = min(call.top_n or self.config.top_n, self.config.max_top_n)

@@ -175,7 +175,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _asked_to_answer(record: dict[str, Any]) -> bool:
-    """Whether the agent repeated a query and was asked for its answer (``answer_on_repeat``)."""
+    """Whether the agent repeated a query and was asked for its answer (``answer_on_repeat``;
+    under ``repeat_ends`` the repeat ended the episode instead)."""
+    if record.get("end_reason") == "repeated_query":
+        return False
     turns = (record.get("trajectory") or {}).get("turns", ())
     return any(turn.get("repeated_query") is not None for turn in turns)
 

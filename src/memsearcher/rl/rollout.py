@@ -71,6 +71,7 @@ def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> di
         "reward/em": sum(em) / n,
         "rollout/format_failure": sum(t.end_reason == "format_error" for t in trajectories) / n,
         "rollout/search_error": sum(t.end_reason == "search_error" for t in trajectories) / n,
+        "rollout/repeated_query": sum(t.end_reason == "repeated_query" for t in trajectories) / n,
         "rollout/well_formed": sum(t.well_formed for t in trajectories) / n,
         "rollout/turns": sum(turns) / n,
         "rollout/prompt_tokens": sum(prompts) / max(1, len(prompts)),
