@@ -41,7 +41,7 @@ BEHAVIOURS = {
 
 def analyse(out: Path, agents: Sequence[str], bootstrap: int) -> dict[str, Any]:
     """Per run and dataset: the metrics by number of hops and the behaviour; per agent: the
-    paired bootstrap of SFT+GRPO minus SFT EM on each dataset and on both pooled; per model:
+    paired bootstrap of SFT+GRPO minus SFT EM on each dataset and on both pooled; per stage:
     MemSearcher minus ReAct (`agent_gaps`)."""
     runs: dict[str, Any] = {}
     records: dict[str, dict[str, list[dict[str, Any]]]] = {}
