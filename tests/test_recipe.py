@@ -367,6 +367,11 @@ def test_a_killed_stage_keeps_its_time_up_to_its_last_write(tmp_path: Path) -> N
     assert not (out / "stage.running.json").exists()
     assert StageClock(out).seconds == {"data": 3.0, "SFT": 142.0}  # credited once
 
+    (out / "stage.running.json").write_text('{"stage": "SFT", "sta')  # not the recipe's writing
+    with pytest.raises(MemSearcherError, match="stage.running.json is not a stage's start"):
+        StageClock(out)
+    assert (out / "stage.running.json").exists()  # left for the user to look at
+
 
 def _lora():  # type: ignore[no-untyped-def]
     from memsearcher.rl.config import ModelConfig, SFTConfig

@@ -146,7 +146,7 @@ class StageClock:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        self.running.write_text(json.dumps({"stage": name, "started": time.time()}), "utf-8")
+        _write_marker(self.running, {"stage": name, "started": time.time()})
         begun = time.perf_counter()
         try:
             yield
@@ -155,10 +155,18 @@ class StageClock:
             self.running.unlink(missing_ok=True)
 
     def _credit_killed_run(self, out: Path) -> None:
-        running = json.loads(self.running.read_text("utf-8"))
+        try:
+            running = json.loads(self.running.read_text("utf-8"))
+            stage, started = str(running["stage"]), float(running["started"])
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:
+            raise MemSearcherError(
+                f"{self.running} is not a stage's start ({error}); the recipe wrote it whole, "
+                "so something else changed it: delete it to go on (only that stage's time of "
+                "the interrupted run is lost)"
+            ) from error
         mine = {self.file, self.running}
         written = [p.stat().st_mtime for p in out.rglob("*") if p.is_file() and p not in mine]
-        self._add(running["stage"], max(written, default=0.0) - running["started"])
+        self._add(stage, max(written, default=0.0) - started)
         self.running.unlink()
 
     def _add(self, name: str, seconds: float) -> None:
